@@ -1,0 +1,895 @@
+//! The `aquifer` command-line client: every subcommand here is a client of the REST API
+//! (DESIGN.md §2: the CLI talks to the REST API like any client). Output is human-readable by
+//! default and the API's JSON with `--json`.
+
+use std::fs::File;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Args, Subcommand};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::Method;
+use reqwest::blocking::{Client as HttpClient, RequestBuilder, Response};
+use serde_json::{Value, json};
+
+/// How to reach and authenticate to the REST API. The password comes from the environment
+/// variable AQUIFER_PASSWORD, or an API token from AQUIFER_TOKEN (which wins), so that neither
+/// shows up in the process list.
+#[derive(Args, Debug, Clone)]
+pub struct Conn {
+    /// REST API address: host:port or an http:// URL.
+    #[arg(long, global = true, env = "AQUIFER_REST", default_value = "127.0.0.1:8080")]
+    pub rest: String,
+    /// User to authenticate as (with the password in AQUIFER_PASSWORD).
+    #[arg(long, global = true, env = "AQUIFER_USER", default_value = "admin")]
+    pub user: String,
+    /// Print the API's JSON instead of human-readable output.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Upload, download, list, move and remove files and directories.
+    Files {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(subcommand)]
+        cmd: FilesCmd,
+    },
+    /// Show, replace or fail drives (default: list).
+    Drives {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(subcommand)]
+        cmd: Option<DrivesCmd>,
+    },
+    /// Background jobs: scrub and rebuild (default: list).
+    Jobs {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(subcommand)]
+        cmd: Option<JobsCmd>,
+    },
+    /// Users (default: list).
+    Users {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(subcommand)]
+        cmd: Option<UsersCmd>,
+    },
+    /// Groups (default: list).
+    Groups {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(subcommand)]
+        cmd: Option<GroupsCmd>,
+    },
+    /// API tokens (default: list).
+    Tokens {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(subcommand)]
+        cmd: Option<TokensCmd>,
+    },
+    /// Overall health of the node and its drives.
+    Health {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Storage pools.
+    Pools {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Usable and raw capacity.
+    Capacity {
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum FilesCmd {
+    /// Upload LOCAL to REMOTE (a REMOTE ending in '/' keeps the local name); missing parent
+    /// directories are created and an existing file is replaced atomically.
+    Put { local: PathBuf, remote: String },
+    /// Download REMOTE to LOCAL (default: its name in the current directory; '-' = stdout).
+    Get { remote: String, local: Option<String> },
+    /// List a directory (default: the root).
+    Ls { remote: Option<String> },
+    /// Remove a file, symbolic link or empty directory.
+    Rm { remote: String },
+    /// Make a directory.
+    Mkdir {
+        /// Also make missing parents; an existing directory is not an error.
+        #[arg(short, long)]
+        parents: bool,
+        remote: String,
+    },
+    /// Move or rename (a DEST ending in '/' keeps the name).
+    Mv { source: String, dest: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DrivesCmd {
+    /// List drives.
+    List,
+    /// Show one drive.
+    Show { index: u32 },
+    /// Replace a drive (in place, or with a new file or device) and rebuild onto it.
+    Replace {
+        index: u32,
+        /// New drive file or device.
+        #[arg(long)]
+        path: Option<String>,
+        /// Size of a drive file created at --path.
+        #[arg(long)]
+        size: Option<u64>,
+    },
+    /// Take a drive out of service.
+    Fail {
+        index: u32,
+        #[arg(long, default_value = "failed by operator")]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum JobsCmd {
+    /// List jobs, newest first.
+    List,
+    /// Show one job.
+    Show { id: u64 },
+    /// Start a scrub of every stripe.
+    Scrub {
+        /// Throttle in bytes per second (0 = unthrottled).
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        /// Show progress until the job ends.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Start a rebuild onto a drive.
+    Rebuild {
+        drive: u32,
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Cancel a running job.
+    Cancel { id: u64 },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum UsersCmd {
+    /// List users.
+    List,
+    /// Show one user.
+    Show { name: String },
+    /// Create a user; the password is read from standard input.
+    Add {
+        name: String,
+        /// Read the password from the first line of standard input.
+        #[arg(long)]
+        password_stdin: bool,
+        /// user, read-only, operator or admin.
+        #[arg(long)]
+        role: Option<String>,
+        #[arg(long)]
+        uid: Option<u32>,
+        #[arg(long)]
+        gid: Option<u32>,
+        /// Supplementary group ids, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<u32>,
+    },
+    /// Change a user's password, read from standard input.
+    Passwd {
+        name: String,
+        #[arg(long)]
+        password_stdin: bool,
+    },
+    /// Delete a user and its tokens.
+    Rm { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GroupsCmd {
+    /// List groups.
+    List,
+    /// Create a group.
+    Add {
+        name: String,
+        #[arg(long)]
+        gid: Option<u32>,
+    },
+    /// Delete a group.
+    Rm { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokensCmd {
+    /// Issue a token; the secret is printed once.
+    Create {
+        /// Whose token (admins only; default yourself).
+        #[arg(long = "for")]
+        for_user: Option<String>,
+        #[arg(long)]
+        role: Option<String>,
+        /// Lifetime in seconds (default: no expiry).
+        #[arg(long)]
+        ttl: Option<u64>,
+        #[arg(long)]
+        label: Option<String>,
+    },
+    /// List tokens.
+    List,
+    /// Revoke a token.
+    Revoke { id: String },
+}
+
+/// Runs one client command.
+pub fn run(cmd: Command) -> Result<()> {
+    match cmd {
+        Command::Files { conn, cmd } => files(&Client::new(&conn)?, cmd),
+        Command::Drives { conn, cmd } => drives(&Client::new(&conn)?, cmd.unwrap_or(DrivesCmd::List)),
+        Command::Jobs { conn, cmd } => jobs(&Client::new(&conn)?, cmd.unwrap_or(JobsCmd::List)),
+        Command::Users { conn, cmd } => users(&Client::new(&conn)?, cmd.unwrap_or(UsersCmd::List)),
+        Command::Groups { conn, cmd } => groups(&Client::new(&conn)?, cmd.unwrap_or(GroupsCmd::List)),
+        Command::Tokens { conn, cmd } => tokens(&Client::new(&conn)?, cmd.unwrap_or(TokensCmd::List)),
+        Command::Health { conn } => {
+            let c = Client::new(&conn)?;
+            let h = c.call(Method::GET, "/health", None, "get health")?;
+            c.print(&h, print_health)
+        }
+        Command::Pools { conn } => {
+            let c = Client::new(&conn)?;
+            let v = c.call(Method::GET, "/pools", None, "list pools")?;
+            c.print(&v, print_pools)
+        }
+        Command::Capacity { conn } => {
+            let c = Client::new(&conn)?;
+            let v = c.call(Method::GET, "/capacity", None, "get capacity")?;
+            c.print(&v, print_capacity)
+        }
+    }
+}
+
+// ------------------------------------------------------------------ the HTTP client
+
+enum Credentials {
+    Basic { user: String, password: String },
+    Bearer(String),
+    None,
+}
+
+struct Client {
+    base: String,
+    http: HttpClient,
+    creds: Credentials,
+    json: bool,
+}
+
+/// Connecting must succeed within this time; transfers themselves have no deadline.
+const CONNECT_TIMEOUT_SECS: u64 = 10;
+/// How often `--wait` asks for a job's progress.
+const JOB_POLL_MS: u64 = 500;
+/// Entries per listing page.
+const LIST_PAGE_ENTRIES: usize = 1000;
+
+impl Client {
+    fn new(conn: &Conn) -> Result<Client> {
+        let base = if conn.rest.contains("://") { conn.rest.trim_end_matches('/').to_string() } else { format!("http://{}", conn.rest) };
+        let creds = match (std::env::var("AQUIFER_TOKEN"), std::env::var("AQUIFER_PASSWORD")) {
+            (Ok(t), _) if !t.is_empty() => Credentials::Bearer(t),
+            (_, Ok(p)) if !p.is_empty() => Credentials::Basic { user: conn.user.clone(), password: p },
+            _ => Credentials::None,
+        };
+        let http = HttpClient::builder()
+            .connect_timeout(Duration::from_secs(CONNECT_TIMEOUT_SECS))
+            .timeout(None)
+            .build()
+            .context("create HTTP client")?;
+        Ok(Client { base, http, creds, json: conn.json })
+    }
+
+    fn request(&self, method: Method, api_path: &str) -> RequestBuilder {
+        let rb = self.http.request(method, format!("{}/api/v1{api_path}", self.base));
+        match &self.creds {
+            Credentials::Basic { user, password } => rb.basic_auth(user, Some(password)),
+            Credentials::Bearer(t) => rb.bearer_auth(t),
+            Credentials::None => rb,
+        }
+    }
+
+    /// Sends a request; a non-success answer becomes "WHAT: STATUS MESSAGE".
+    fn send(&self, rb: RequestBuilder, what: &str) -> Result<Response> {
+        let res = rb.send().map_err(|e| anyhow!("{what}: cannot reach the REST API at {}: {e}", self.base))?;
+        if res.status().is_success() {
+            return Ok(res);
+        }
+        let status = res.status();
+        let body = res.text().unwrap_or_default();
+        let message = serde_json::from_str::<Value>(&body)
+            .ok()
+            .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_string))
+            .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_lowercase());
+        let hint = if status.as_u16() == 401 && matches!(self.creds, Credentials::None) {
+            " (set AQUIFER_PASSWORD or AQUIFER_TOKEN)"
+        } else {
+            ""
+        };
+        bail!("{what}: {} {message}{hint}", status.as_u16())
+    }
+
+    /// A JSON call; `Value::Null` for answers without a body.
+    fn call(&self, method: Method, api_path: &str, body: Option<Value>, what: &str) -> Result<Value> {
+        let mut rb = self.request(method, api_path);
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let res = self.send(rb, what)?;
+        let text = res.text().with_context(|| format!("{what}: read answer"))?;
+        if text.is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text).with_context(|| format!("{what}: answer is not JSON"))
+    }
+
+    /// Prints `v` as JSON with `--json`, else with `human`.
+    fn print(&self, v: &Value, human: fn(&Value)) -> Result<()> {
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(v)?);
+        } else {
+            human(v);
+        }
+        Ok(())
+    }
+}
+
+/// Characters left as they are in a path component of a URL.
+const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// `/a/b c` → `/a/b%20c`: each component percent-encoded; empty for the root.
+fn encode_remote(remote: &str) -> String {
+    let trimmed = remote.trim_start_matches('/').trim_end_matches('/');
+    if trimmed.is_empty() {
+        return String::new();
+    }
+    trimmed.split('/').map(|c| format!("/{}", utf8_percent_encode(c, COMPONENT))).collect()
+}
+
+fn basename(p: &str) -> &str {
+    p.trim_end_matches('/').rsplit('/').next().unwrap_or("")
+}
+
+fn s<'a>(v: &'a Value, k: &str) -> &'a str {
+    v.get(k).and_then(Value::as_str).unwrap_or("")
+}
+
+fn u(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn items(v: &Value) -> &[Value] {
+    v.as_array().map(Vec::as_slice).unwrap_or(&[])
+}
+
+// ------------------------------------------------------------------ files
+
+fn files(c: &Client, cmd: FilesCmd) -> Result<()> {
+    match cmd {
+        FilesCmd::Put { local, remote } => {
+            let remote = if remote.ends_with('/') || remote.is_empty() {
+                let name = local.file_name().and_then(|n| n.to_str()).ok_or_else(|| anyhow!("{} has no file name", local.display()))?;
+                format!("{}/{name}", remote.trim_end_matches('/'))
+            } else {
+                remote
+            };
+            let what = format!("put {} -> {remote}", local.display());
+            let file = File::open(&local).with_context(|| format!("{what}: open {}", local.display()))?;
+            let len = file.metadata().with_context(|| format!("{what}: stat {}", local.display()))?.len();
+            // Streams from the file: never read whole into memory.
+            let body = reqwest::blocking::Body::sized(file, len);
+            let res = c.send(c.request(Method::PUT, &format!("/files{}", encode_remote(&remote))).body(body), &what)?;
+            let created = res.status().as_u16() == 201;
+            let attrs: Value = res.json().with_context(|| format!("{what}: read answer"))?;
+            if c.json {
+                println!("{}", serde_json::to_string_pretty(&attrs)?);
+            } else {
+                println!("{} {} -> {remote} ({})", if created { "created" } else { "replaced" }, local.display(), human_bytes(len));
+            }
+            Ok(())
+        }
+        FilesCmd::Get { remote, local } => {
+            let what = format!("get {remote}");
+            let res = c.send(c.request(Method::GET, &format!("/files{}", encode_remote(&remote))), &what)?;
+            match local.as_deref() {
+                Some("-") => {
+                    let mut res = res;
+                    let mut out = std::io::stdout().lock();
+                    res.copy_to(&mut out).with_context(|| format!("{what}: download"))?;
+                    out.flush()?;
+                }
+                other => {
+                    let target = PathBuf::from(other.unwrap_or_else(|| basename(&remote)));
+                    let target = if target.is_dir() { target.join(basename(&remote)) } else { target };
+                    download_to(res, &target).with_context(|| format!("{what} -> {}", target.display()))?;
+                    if !c.json {
+                        println!("{remote} -> {}", target.display());
+                    }
+                }
+            }
+            Ok(())
+        }
+        FilesCmd::Ls { remote } => {
+            let remote = remote.unwrap_or_else(|| "/".into());
+            let what = format!("list {remote}");
+            let base = format!("/dirs{}", encode_remote(&remote));
+            let mut cursor: Option<String> = None;
+            let mut all = Vec::new();
+            loop {
+                let mut rb = c.request(Method::GET, &base).query(&[("limit", LIST_PAGE_ENTRIES.to_string())]);
+                if let Some(cur) = &cursor {
+                    rb = rb.query(&[("cursor", cur)]);
+                }
+                let page: Value = c.send(rb, &what)?.json().with_context(|| format!("{what}: read answer"))?;
+                for e in items(&page["entries"]) {
+                    if c.json {
+                        all.push(e.clone());
+                    } else {
+                        println!("{}", ls_line(e));
+                    }
+                }
+                match page.get("next_cursor").and_then(Value::as_str) {
+                    Some(next) => cursor = Some(next.to_string()),
+                    None => break,
+                }
+            }
+            if c.json {
+                println!("{}", serde_json::to_string_pretty(&Value::Array(all))?);
+            }
+            Ok(())
+        }
+        FilesCmd::Rm { remote } => {
+            let what = format!("rm {remote}");
+            let enc = encode_remote(&remote);
+            match c.send(c.request(Method::DELETE, &format!("/files{enc}")), &what) {
+                Ok(_) => Ok(()),
+                // A directory: remove it if it is empty.
+                Err(e) if e.to_string().starts_with(&format!("{what}: 409 is a directory")) => {
+                    c.send(c.request(Method::DELETE, &format!("/dirs{enc}")), &what).map(|_| ())
+                }
+                Err(e) => Err(e),
+            }
+        }
+        FilesCmd::Mkdir { parents, remote } => {
+            let what = format!("mkdir {remote}");
+            let rb = c.request(Method::POST, &format!("/dirs{}", encode_remote(&remote))).query(&[("parents", parents)]);
+            let v: Value = c.send(rb, &what)?.json().with_context(|| format!("{what}: read answer"))?;
+            if c.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            }
+            Ok(())
+        }
+        FilesCmd::Mv { source, dest } => {
+            let dest = if dest.ends_with('/') { format!("{dest}{}", basename(&source)) } else { dest };
+            let dest_abs = if dest.starts_with('/') { dest.clone() } else { format!("/{dest}") };
+            let what = format!("mv {source} -> {dest_abs}");
+            let v = c.call(Method::POST, &format!("/files{}", encode_remote(&source)), Some(json!({ "rename_to": dest_abs })), &what)?;
+            if c.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Writes a download next to `target` and renames it into place when complete, so that an
+/// interrupted download never looks like a whole file.
+fn download_to(mut res: Response, target: &Path) -> Result<()> {
+    let mut part = target.as_os_str().to_owned();
+    part.push(".aquifer-part");
+    let part = PathBuf::from(part);
+    let result = (|| -> Result<()> {
+        let mut f = File::create(&part).with_context(|| format!("create {}", part.display()))?;
+        res.copy_to(&mut f).context("download")?;
+        f.sync_all().with_context(|| format!("sync {}", part.display()))?;
+        std::fs::rename(&part, target).with_context(|| format!("rename {} to {}", part.display(), target.display()))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&part);
+    }
+    result
+}
+
+fn mode_string(kind: &str, mode: u64) -> String {
+    let mut out = String::with_capacity(10);
+    out.push(match kind {
+        "dir" => 'd',
+        "symlink" => 'l',
+        _ => '-',
+    });
+    for shift in [6, 3, 0] {
+        let bits = (mode >> shift) & 7;
+        out.push(if bits & 4 != 0 { 'r' } else { '-' });
+        out.push(if bits & 2 != 0 { 'w' } else { '-' });
+        out.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    out
+}
+
+fn ls_line(e: &Value) -> String {
+    let kind = s(e, "kind");
+    let suffix = if kind == "dir" { "/" } else { "" };
+    format!(
+        "{} {:>10} {} {}{suffix}",
+        mode_string(kind, u(e, "mode")),
+        human_bytes(u(e, "size")),
+        utc_time(e.get("mtime_ns").and_then(Value::as_i64).unwrap_or(0)),
+        s(e, "name")
+    )
+}
+
+// ------------------------------------------------------------------ drives, pools, capacity, health
+
+fn drives(c: &Client, cmd: DrivesCmd) -> Result<()> {
+    match cmd {
+        DrivesCmd::List => {
+            let v = c.call(Method::GET, "/drives", None, "list drives")?;
+            c.print(&v, |v| {
+                println!("{:>5}  {:<10} {:<8} {:>10} {:>10}  {:>6}  PATH", "INDEX", "STATE", "POOL", "CAPACITY", "USED", "ERRORS");
+                for d in items(v) {
+                    println!("{}", drive_line(d));
+                }
+            })
+        }
+        DrivesCmd::Show { index } => {
+            let v = c.call(Method::GET, &format!("/drives/{index}"), None, &format!("show drive {index}"))?;
+            c.print(&v, print_fields)
+        }
+        DrivesCmd::Replace { index, path, size } => {
+            let v = c.call(
+                Method::POST,
+                &format!("/drives/{index}/replace"),
+                Some(json!({ "path": path, "size_bytes": size })),
+                &format!("replace drive {index}"),
+            )?;
+            c.print(&v, |v| println!("rebuild started: job {}", u(v, "job_id")))
+        }
+        DrivesCmd::Fail { index, reason } => {
+            let v = c.call(Method::POST, &format!("/drives/{index}/fail"), Some(json!({ "reason": reason })), &format!("fail drive {index}"))?;
+            c.print(&v, |d| println!("{}", drive_line(d)))
+        }
+    }
+}
+
+fn drive_line(d: &Value) -> String {
+    let errors = u(d, "read_errors") + u(d, "write_errors") + u(d, "checksum_errors");
+    let state = match d.get("reason").and_then(Value::as_str) {
+        Some(r) => format!("{} ({r})", s(d, "state")),
+        None => s(d, "state").to_string(),
+    };
+    format!(
+        "{:>5}  {:<10} {:<8} {:>10} {:>10}  {:>6}  {}",
+        u(d, "index"),
+        state,
+        s(d, "pool"),
+        human_bytes(u(d, "capacity_bytes")),
+        human_bytes(u(d, "used_bytes")),
+        errors,
+        s(d, "path")
+    )
+}
+
+fn print_pools(v: &Value) {
+    println!("{:<12} {:>6} {:>8} {:>12} {:>12}", "POOL", "K+M", "DRIVES", "RAW", "RAW USED");
+    for p in items(v) {
+        println!(
+            "{:<12} {:>6} {:>8} {:>12} {:>12}",
+            s(p, "name"),
+            format!("{}+{}", u(p, "data_shards"), u(p, "parity_shards")),
+            items(&p["drives"]).len(),
+            human_bytes(u(p, "raw_capacity_bytes")),
+            human_bytes(u(p, "raw_used_bytes"))
+        );
+    }
+}
+
+fn print_capacity(v: &Value) {
+    let total = u(v, "total_bytes");
+    let used = u(v, "used_bytes");
+    let pct = if total == 0 { 0.0 } else { used as f64 * 100.0 / total as f64 };
+    println!("usable: {} of {} used ({pct:.1}%), {} free", human_bytes(used), human_bytes(total), human_bytes(u(v, "free_bytes")));
+    println!("raw:    {} total, {} free", human_bytes(u(v, "raw_total_bytes")), human_bytes(u(v, "raw_free_bytes")));
+    println!("files:  {}", u(v, "files"));
+}
+
+fn print_health(v: &Value) {
+    println!("state: {}", s(v, "state"));
+    for n in items(&v["notes"]) {
+        println!("note:  {}", n.as_str().unwrap_or(""));
+    }
+    for d in items(&v["drives"]) {
+        match d.get("reason").and_then(Value::as_str) {
+            Some(r) => println!("drive {}: {} ({r})", u(d, "index"), s(d, "state")),
+            None => println!("drive {}: {}", u(d, "index"), s(d, "state")),
+        }
+    }
+}
+
+/// One `key: value` line per field of an object.
+fn print_fields(v: &Value) {
+    if let Some(o) = v.as_object() {
+        let width = o.keys().map(String::len).max().unwrap_or(0);
+        for (k, val) in o {
+            let shown = match val {
+                Value::String(x) => x.clone(),
+                other => other.to_string(),
+            };
+            println!("{k:<width$}  {shown}");
+        }
+    }
+}
+
+// ------------------------------------------------------------------ jobs
+
+fn jobs(c: &Client, cmd: JobsCmd) -> Result<()> {
+    match cmd {
+        JobsCmd::List => {
+            let v = c.call(Method::GET, "/jobs", None, "list jobs")?;
+            c.print(&v, |v| {
+                println!("{:>5}  {:<12} {:<10} {:>7}  {:>10}  {:>9}  {:>9}", "ID", "KIND", "STATE", "DONE", "BYTES", "BAD", "REPAIRED");
+                for j in items(v) {
+                    println!("{}", job_line(j));
+                }
+            })
+        }
+        JobsCmd::Show { id } => {
+            let v = c.call(Method::GET, &format!("/jobs/{id}"), None, &format!("show job {id}"))?;
+            c.print(&v, print_fields)
+        }
+        JobsCmd::Scrub { rate, wait } => start_job(c, json!({ "kind": "scrub", "bytes_per_sec_max": rate }), wait, "start scrub"),
+        JobsCmd::Rebuild { drive, rate, wait } => {
+            start_job(c, json!({ "kind": "rebuild", "drive": drive, "bytes_per_sec_max": rate }), wait, &format!("start rebuild of drive {drive}"))
+        }
+        JobsCmd::Cancel { id } => {
+            let v = c.call(Method::POST, &format!("/jobs/{id}/cancel"), None, &format!("cancel job {id}"))?;
+            c.print(&v, |j| println!("{}", job_line(j)))
+        }
+    }
+}
+
+fn job_line(j: &Value) -> String {
+    let kind = match j.get("drive").and_then(Value::as_u64) {
+        Some(d) => format!("{} {d}", s(j, "kind")),
+        None => s(j, "kind").to_string(),
+    };
+    let progress = j.get("progress").and_then(Value::as_f64).unwrap_or(0.0);
+    format!(
+        "{:>5}  {:<12} {:<10} {:>6.1}%  {:>10}  {:>9}  {:>9}",
+        u(j, "id"),
+        kind,
+        s(j, "state"),
+        progress * 100.0,
+        human_bytes(u(j, "bytes_done")),
+        u(j, "shards_bad"),
+        u(j, "shards_repaired")
+    )
+}
+
+fn start_job(c: &Client, body: Value, wait: bool, what: &str) -> Result<()> {
+    let started = c.call(Method::POST, "/jobs", Some(body), what)?;
+    let id = started.get("job_id").and_then(Value::as_u64).ok_or_else(|| anyhow!("{what}: answer has no job_id"))?;
+    if !wait {
+        return c.print(&started, |v| println!("job {} started", u(v, "job_id")));
+    }
+    let bar = indicatif::ProgressBar::new(1000);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:<16} [{bar:40}] {percent:>3}% {elapsed_precise}")
+            .expect("valid progress template")
+            .progress_chars("=> "),
+    );
+    let job = loop {
+        let j = c.call(Method::GET, &format!("/jobs/{id}"), None, &format!("watch job {id}"))?;
+        let progress = j.get("progress").and_then(Value::as_f64).unwrap_or(0.0);
+        bar.set_position((progress * 1000.0) as u64);
+        bar.set_message(format!("job {id} {}", s(&j, "kind")));
+        if s(&j, "state") != "running" {
+            break j;
+        }
+        std::thread::sleep(Duration::from_millis(JOB_POLL_MS));
+    };
+    bar.finish();
+    c.print(&job, |j| println!("{}", job_line(j)))?;
+    match s(&job, "state") {
+        "completed" => Ok(()),
+        "failed" => bail!("job {id} failed: {}", s(&job, "error")),
+        other => bail!("job {id} {other}"),
+    }
+}
+
+// ------------------------------------------------------------------ users, groups, tokens
+
+fn read_password() -> Result<String> {
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).context("read password from standard input")?;
+    let password = line.trim_end_matches(['\n', '\r']).to_string();
+    if password.is_empty() {
+        bail!("the password on standard input is empty");
+    }
+    Ok(password)
+}
+
+fn users(c: &Client, cmd: UsersCmd) -> Result<()> {
+    match cmd {
+        UsersCmd::List => {
+            let v = c.call(Method::GET, "/users", None, "list users")?;
+            c.print(&v, |v| {
+                println!("{:<20} {:>6} {:>6}  {:<10} {:<8} GROUPS", "NAME", "UID", "GID", "ROLE", "DISABLED");
+                for x in items(v) {
+                    let groups: Vec<String> = items(&x["groups"]).iter().map(|g| g.to_string()).collect();
+                    let disabled = x.get("disabled").and_then(Value::as_bool).unwrap_or(false);
+                    println!(
+                        "{:<20} {:>6} {:>6}  {:<10} {:<8} {}",
+                        s(x, "name"),
+                        u(x, "uid"),
+                        u(x, "gid"),
+                        s(x, "role"),
+                        if disabled { "yes" } else { "no" },
+                        groups.join(",")
+                    );
+                }
+            })
+        }
+        UsersCmd::Show { name } => {
+            let v = c.call(Method::GET, &format!("/users/{}", enc(&name)), None, &format!("show user {name}"))?;
+            c.print(&v, print_fields)
+        }
+        UsersCmd::Add { name, password_stdin, role, uid, gid, groups } => {
+            if !password_stdin {
+                bail!("add user {name}: give the password on standard input with --password-stdin");
+            }
+            let password = read_password()?;
+            let body = json!({ "name": name, "password": password, "role": role, "uid": uid, "gid": gid, "groups": groups });
+            let v = c.call(Method::POST, "/users", Some(body), &format!("add user {name}"))?;
+            c.print(&v, |x| println!("created user {} (uid {}, gid {}, role {})", s(x, "name"), u(x, "uid"), u(x, "gid"), s(x, "role")))
+        }
+        UsersCmd::Passwd { name, password_stdin } => {
+            if !password_stdin {
+                bail!("change password of {name}: give the password on standard input with --password-stdin");
+            }
+            let password = read_password()?;
+            let v = c.call(Method::PATCH, &format!("/users/{}", enc(&name)), Some(json!({ "password": password })), &format!("change password of {name}"))?;
+            c.print(&v, |x| println!("password of {} changed", s(x, "name")))
+        }
+        UsersCmd::Rm { name } => {
+            c.call(Method::DELETE, &format!("/users/{}", enc(&name)), None, &format!("delete user {name}"))?;
+            Ok(())
+        }
+    }
+}
+
+fn enc(segment: &str) -> String {
+    utf8_percent_encode(segment, COMPONENT).to_string()
+}
+
+fn groups(c: &Client, cmd: GroupsCmd) -> Result<()> {
+    match cmd {
+        GroupsCmd::List => {
+            let v = c.call(Method::GET, "/groups", None, "list groups")?;
+            c.print(&v, |v| {
+                println!("{:<20} {:>6}", "NAME", "GID");
+                for g in items(v) {
+                    println!("{:<20} {:>6}", s(g, "name"), u(g, "gid"));
+                }
+            })
+        }
+        GroupsCmd::Add { name, gid } => {
+            let v = c.call(Method::POST, "/groups", Some(json!({ "name": name, "gid": gid })), &format!("add group {name}"))?;
+            c.print(&v, |g| println!("created group {} (gid {})", s(g, "name"), u(g, "gid")))
+        }
+        GroupsCmd::Rm { name } => {
+            c.call(Method::DELETE, &format!("/groups/{}", enc(&name)), None, &format!("delete group {name}"))?;
+            Ok(())
+        }
+    }
+}
+
+fn tokens(c: &Client, cmd: TokensCmd) -> Result<()> {
+    match cmd {
+        TokensCmd::Create { for_user, role, ttl, label } => {
+            let body = json!({ "user": for_user, "role": role, "ttl_secs": ttl, "label": label });
+            let v = c.call(Method::POST, "/auth/tokens", Some(body), "create token")?;
+            c.print(&v, |v| {
+                println!("{}", s(v, "token"));
+                eprintln!("token {} for {} ({}); the secret above is shown only once", s(&v["info"], "id"), s(&v["info"], "user"), s(&v["info"], "role"));
+            })
+        }
+        TokensCmd::List => {
+            let v = c.call(Method::GET, "/auth/tokens", None, "list tokens")?;
+            c.print(&v, |v| {
+                println!("{:<18} {:<16} {:<10} {:<17} {:<17} LABEL", "ID", "USER", "ROLE", "CREATED", "EXPIRES");
+                for t in items(v) {
+                    let expires = t.get("expires_ns").and_then(Value::as_i64).map(utc_time).unwrap_or_else(|| "never".into());
+                    println!(
+                        "{:<18} {:<16} {:<10} {:<17} {:<17} {}",
+                        s(t, "id"),
+                        s(t, "user"),
+                        s(t, "role"),
+                        utc_time(t.get("created_ns").and_then(Value::as_i64).unwrap_or(0)),
+                        expires,
+                        s(t, "label")
+                    );
+                }
+            })
+        }
+        TokensCmd::Revoke { id } => {
+            c.call(Method::DELETE, &format!("/auth/tokens/{}", enc(&id)), None, &format!("revoke token {id}"))?;
+            Ok(())
+        }
+    }
+}
+
+// ------------------------------------------------------------------ formatting
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+/// `YYYY-MM-DD HH:MM` in UTC (civil-from-days, proleptic Gregorian calendar).
+fn utc_time(ns: i64) -> String {
+    let secs = ns.div_euclid(1_000_000_000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + if month <= 2 { 1 } else { 0 };
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}", rem / 3600, rem % 3600 / 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_paths_are_encoded_per_component() {
+        assert_eq!(encode_remote("/"), "");
+        assert_eq!(encode_remote(""), "");
+        assert_eq!(encode_remote("/data/a b/c%d"), "/data/a%20b/c%25d");
+        assert_eq!(encode_remote("data/été/"), "/data/%C3%A9t%C3%A9");
+        assert_eq!(basename("/a/b/c.bin"), "c.bin");
+        assert_eq!(basename("/a/b/"), "b");
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(64 << 20), "64.0 MiB");
+        assert_eq!(utc_time(0), "1970-01-01 00:00");
+        assert_eq!(utc_time(1_709_210_096 * 1_000_000_000), "2024-02-29 12:34");
+        assert_eq!(mode_string("dir", 0o755), "drwxr-xr-x");
+        assert_eq!(mode_string("file", 0o640), "-rw-r-----");
+    }
+}

@@ -1,0 +1,272 @@
+//! `aquifer serve`: opens the storage engine and serves every protocol from one process.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use storage_engine::{DriveConfig, Engine, EngineConfig, PoolConfig};
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Where metadata, file drives and credentials live.
+    #[arg(long, env = "AQUIFER_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Address of the REST API and file API.
+    #[arg(long, env = "AQUIFER_REST_LISTEN")]
+    rest: Option<SocketAddr>,
+    /// TOML configuration (drives, pools, listeners); flags override it.
+    #[arg(long, env = "AQUIFER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Size of each of the six file drives of the embedded default, created at first start.
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    drive_size: u64,
+    /// io backend for drives: auto (io_uring when the kernel allows), io_uring or pread.
+    #[arg(long, default_value = "auto")]
+    io_backend: String,
+}
+
+/// The configuration file. Every field is optional; missing ones take the embedded default.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    data_dir: Option<PathBuf>,
+    #[serde(default)]
+    listen: Listen,
+    #[serde(default)]
+    drives: Vec<DriveEntry>,
+    #[serde(default)]
+    pools: Vec<PoolEntry>,
+    #[serde(default)]
+    engine: EngineEntry,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct Listen {
+    rest: Option<SocketAddr>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct DriveEntry {
+    /// A block device (/dev/nvme0n1) or a file.
+    path: PathBuf,
+    /// For a file drive: its size when created at first start.
+    size_bytes: Option<u64>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct PoolEntry {
+    name: String,
+    data_shards: usize,
+    parity_shards: usize,
+    /// Indexes into `drives`; all drives when absent.
+    drives: Option<Vec<u32>>,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct EngineEntry {
+    inline_bytes_max: Option<u64>,
+    write_buffer_bytes_max: Option<usize>,
+    io_backend: Option<String>,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, ""),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("not a size: {s}"))?;
+    let m: u64 = match mult.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        other => return Err(format!("unknown size unit {other:?} (use KiB, MiB, GiB, TiB)")),
+    };
+    n.checked_mul(m).ok_or_else(|| format!("size {s} overflows"))
+}
+
+fn backend(name: &str) -> Result<hardware::BackendChoice> {
+    Ok(match name {
+        "auto" => hardware::BackendChoice::Auto,
+        "io_uring" | "io-uring" | "uring" => hardware::BackendChoice::IoUring,
+        "pread" => hardware::BackendChoice::Pread,
+        other => bail!("unknown io backend {other:?} (auto, io_uring, pread)"),
+    })
+}
+
+/// Writes a secret readable by its owner only; refuses to follow an existing file's mode.
+fn write_secret(path: &Path, content: &str) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("create {}", path.display()))?;
+    f.write_all(content.as_bytes()).with_context(|| format!("write {}", path.display()))?;
+    f.sync_all().with_context(|| format!("sync {}", path.display()))?;
+    Ok(())
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("AQUIFER_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let file: ConfigFile = match &args.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("read config {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("parse config {}", p.display()))?
+        }
+        None => ConfigFile::default(),
+    };
+    let data_dir = args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("aquifer-data"));
+    std::fs::create_dir_all(&data_dir).with_context(|| format!("create data dir {}", data_dir.display()))?;
+    let data_dir = data_dir.canonicalize().with_context(|| format!("resolve {}", data_dir.display()))?;
+    let rest_addr = args.rest.or(file.listen.rest).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("address"));
+
+    let mut cfg = EngineConfig::with_file_drives(&data_dir, 6, args.drive_size, 4, 2);
+    if !file.drives.is_empty() {
+        cfg.drives = file
+            .drives
+            .iter()
+            .map(|d| DriveConfig { path: d.path.clone(), create_bytes: d.size_bytes })
+            .collect();
+        cfg.pools = vec![PoolConfig {
+            name: "default".into(),
+            data_shards: 4,
+            parity_shards: 2,
+            drives: (0..cfg.drives.len() as u32).collect(),
+        }];
+    }
+    if !file.pools.is_empty() {
+        cfg.pools = file
+            .pools
+            .iter()
+            .map(|p| PoolConfig {
+                name: p.name.clone(),
+                data_shards: p.data_shards,
+                parity_shards: p.parity_shards,
+                drives: p.drives.clone().unwrap_or_else(|| (0..cfg.drives.len() as u32).collect()),
+            })
+            .collect();
+    }
+    if let Some(v) = file.engine.inline_bytes_max {
+        cfg.inline_bytes_max = v;
+    }
+    if let Some(v) = file.engine.write_buffer_bytes_max {
+        cfg.write_buffer_bytes_max = v;
+    }
+    cfg.drive_open.backend = backend(file.engine.io_backend.as_deref().unwrap_or(&args.io_backend))?;
+
+    let fresh = !data_dir.join("meta").exists();
+    let mut generated = None;
+    if fresh {
+        let pw = match std::env::var("AQUIFER_ADMIN_PASSWORD") {
+            Ok(p) if !p.is_empty() => p,
+            _ => {
+                let p = hex_password();
+                generated = Some(p.clone());
+                p
+            }
+        };
+        cfg.admin_password = Some(pw);
+    }
+    let engine = Engine::open(cfg).context("open storage engine")?;
+    if fresh {
+        let path = data_dir.join("admin-password");
+        let pw = generated.as_deref().unwrap_or_else(|| "(set from AQUIFER_ADMIN_PASSWORD)");
+        if let Some(p) = &generated {
+            write_secret(&path, &format!("{p}\n"))?;
+            println!("Created user admin with password {pw}");
+            println!("(written to {}, readable by this user only; shown only this once)", path.display());
+        } else {
+            println!("Created user admin with the password from AQUIFER_ADMIN_PASSWORD");
+        }
+    }
+    let health = engine.health();
+    for d in &health.drives {
+        tracing::info!(drive = d.index, path = %d.path.display(), state = d.state.as_str(), backend = %d.backend, "drive");
+    }
+
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("aquifer-rt").build()?;
+    let res = rt.block_on(serve_all(engine.clone(), rest_addr, data_dir.clone()));
+    tracing::info!("shutting down");
+    let shut = engine.shutdown();
+    drop(rt);
+    res?;
+    shut.context("shut down storage engine")?;
+    Ok(())
+}
+
+fn hex_password() -> String {
+    let mut b = [0u8; 12];
+    getrandom(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn getrandom(buf: &mut [u8]) {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(buf))
+        .expect("read /dev/urandom");
+}
+
+async fn serve_all(engine: Arc<Engine>, rest_addr: SocketAddr, data_dir: PathBuf) -> Result<()> {
+    let rest = tokio::net::TcpListener::bind(rest_addr)
+        .await
+        .with_context(|| format!("listen for REST on {rest_addr}"))?;
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    println!("Aquifer is serving {} (REST API and file API at http://{}/api/v1/, log in as admin)", data_dir.display(), rest.local_addr()?);
+    let mut rx1 = rx.clone();
+    let rest_task = tokio::spawn(aquifer_rest::serve(engine.clone(), rest, async move {
+        let _ = rx1.wait_for(|v| *v).await;
+    }));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        r = async { rest_task.await } => {
+            r.context("REST server task")?.context("REST server")?;
+            bail!("REST server stopped unexpectedly");
+        }
+    }
+    let _ = tx.send(true);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_bytes("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert!(parse_bytes("12XB").is_err());
+        assert!(parse_bytes("99999999999TiB").is_err());
+    }
+
+    #[test]
+    fn config_rejects_unknown_fields() {
+        assert!(toml::from_str::<ConfigFile>("data_dir = \"/x\"\nbogus = 1").is_err());
+        let c: ConfigFile = toml::from_str(
+            "[listen]\nrest = \"127.0.0.1:9\"\n[[drives]]\npath = \"/dev/nvme0n1\"\n[[pools]]\nname = \"p\"\ndata_shards = 4\nparity_shards = 2\n",
+        )
+        .unwrap();
+        assert_eq!(c.drives.len(), 1);
+        assert_eq!(c.pools[0].data_shards, 4);
+    }
+}

@@ -1,0 +1,741 @@
+//! Data plane: drives with superblocks, a per-drive allocator, and erasure-coded stripes
+//! (docs/formats/superblock.md, docs/formats/shard.md).
+//!
+//! A stripe holds up to k × `shard_bytes_max` bytes of one file: data shard i holds data bytes
+//! [i·shard_bytes, (i+1)·shard_bytes), zero padded; m parity shards follow. Every shard is one
+//! contiguous allocation on a different drive. crc32c of every 64 KiB checksum block of every
+//! shard lives in the stripe record (metadata), so a read can verify exactly what it read and a
+//! misdirected or lost write is caught as well as bit rot.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hardware::{AlignedBuf, BLOCK_BYTES, BlockDevice, IoCompletion};
+use parking_lot::{Mutex, RwLock};
+
+use crate::ec::Codec;
+use crate::error::{Error, Result};
+use crate::records::{CHECKSUM_BLOCK_BYTES, Placement, StripeRec};
+
+/// First byte of the allocatable area of every drive; the superblock lives in block 0.
+pub(crate) const DATA_AREA_OFFSET: u64 = 1 << 20;
+pub(crate) const SUPERBLOCK_MAGIC: &[u8; 8] = b"AQFRDRV\0";
+pub(crate) const SUPERBLOCK_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Superblock {
+    pub drive_uuid: [u8; 16],
+    pub cluster_uuid: [u8; 16],
+    pub drive_index: u32,
+    pub epoch: u32,
+    pub capacity_bytes: u64,
+}
+
+impl Superblock {
+    pub fn encode(&self) -> AlignedBuf {
+        let mut b = AlignedBuf::zeroed(BLOCK_BYTES);
+        b[0..8].copy_from_slice(SUPERBLOCK_MAGIC);
+        b[8..12].copy_from_slice(&SUPERBLOCK_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&(BLOCK_BYTES as u32).to_le_bytes());
+        b[16..32].copy_from_slice(&self.drive_uuid);
+        b[32..48].copy_from_slice(&self.cluster_uuid);
+        b[48..52].copy_from_slice(&self.drive_index.to_le_bytes());
+        b[52..56].copy_from_slice(&self.epoch.to_le_bytes());
+        b[56..64].copy_from_slice(&self.capacity_bytes.to_le_bytes());
+        b[64..72].copy_from_slice(&DATA_AREA_OFFSET.to_le_bytes());
+        let crc = crc32c::crc32c(&b[0..72]);
+        b[72..76].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> std::result::Result<Superblock, String> {
+        if b.len() < 76 {
+            return Err("superblock shorter than 76 bytes".into());
+        }
+        if &b[0..8] != SUPERBLOCK_MAGIC {
+            return Err("no Aquifer superblock (bad magic)".into());
+        }
+        let crc = u32::from_le_bytes(b[72..76].try_into().expect("4"));
+        if crc != crc32c::crc32c(&b[0..72]) {
+            return Err("superblock checksum mismatch".into());
+        }
+        let le32 = |r: std::ops::Range<usize>| u32::from_le_bytes(b[r].try_into().expect("4"));
+        let le64 = |r: std::ops::Range<usize>| u64::from_le_bytes(b[r].try_into().expect("8"));
+        let version = le32(8..12);
+        if version != SUPERBLOCK_VERSION {
+            return Err(format!("superblock format version {version} is not supported"));
+        }
+        if le32(12..16) as usize != BLOCK_BYTES || le64(64..72) != DATA_AREA_OFFSET {
+            return Err("superblock geometry differs from this build".into());
+        }
+        Ok(Superblock {
+            drive_uuid: b[16..32].try_into().expect("16"),
+            cluster_uuid: b[32..48].try_into().expect("16"),
+            drive_index: le32(48..52),
+            epoch: le32(52..56),
+            capacity_bytes: le64(56..64),
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DriveState {
+    /// Serving reads and writes.
+    Online,
+    /// Not usable: missing, unreadable, wrong superblock, or taken offline after I/O errors.
+    Failed(String),
+    /// A replacement being filled by a rebuild job; shards it already holds are readable.
+    Rebuilding,
+}
+
+impl DriveState {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DriveState::Online => "online",
+            DriveState::Failed(_) => "failed",
+            DriveState::Rebuilding => "rebuilding",
+        }
+    }
+}
+
+/// One drive slot of the node. The slot keeps its index when a drive is replaced; the
+/// epoch distinguishes the replacement from the drive it replaces.
+pub(crate) struct DriveSlot {
+    pub index: u32,
+    pub path: PathBuf,
+    pub uuid: [u8; 16],
+    pub epoch: u32,
+    pub pool: u16,
+    pub capacity_bytes: u64,
+    pub state: DriveState,
+    pub dev: Option<Arc<dyn BlockDevice>>,
+    pub counters: Arc<DriveCounters>,
+}
+
+#[derive(Default, Debug)]
+pub struct DriveCounters {
+    pub read_errors: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub checksum_errors: AtomicU64,
+    pub repaired_shards: AtomicU64,
+}
+
+/// Public view of a drive for the admin API.
+#[derive(Debug, Clone)]
+pub struct DriveInfo {
+    pub index: u32,
+    pub path: PathBuf,
+    pub uuid: String,
+    pub epoch: u32,
+    pub pool: String,
+    pub state: DriveState,
+    pub backend: String,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub checksum_errors: u64,
+    pub repaired_shards: u64,
+}
+
+/// Free space of one drive: offset → length, both in bytes and block aligned.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Allocator {
+    free: BTreeMap<u64, u64>,
+    pub capacity: u64,
+    pub used: u64,
+    cursor: u64,
+}
+
+impl Allocator {
+    /// All of the data area free.
+    pub fn new(capacity_bytes: u64) -> Allocator {
+        let mut a = Allocator { capacity: 0, ..Default::default() };
+        let end = capacity_bytes / BLOCK_BYTES as u64 * BLOCK_BYTES as u64;
+        if end > DATA_AREA_OFFSET {
+            a.free.insert(DATA_AREA_OFFSET, end - DATA_AREA_OFFSET);
+            a.capacity = end - DATA_AREA_OFFSET;
+        }
+        a.cursor = DATA_AREA_OFFSET;
+        a
+    }
+
+    pub fn free_bytes(&self) -> u64 {
+        self.capacity - self.used
+    }
+
+    /// Next-fit: keeps consecutive stripes near each other, so sequential files stay sequential
+    /// on every drive.
+    pub fn alloc(&mut self, len: u64) -> Option<u64> {
+        debug_assert!(len > 0 && len % BLOCK_BYTES as u64 == 0);
+        let pick = self
+            .free
+            .range(self.cursor..)
+            .chain(self.free.range(..self.cursor))
+            .find(|(_, l)| **l >= len)
+            .map(|(o, l)| (*o, *l));
+        let (off, flen) = pick?;
+        self.free.remove(&off);
+        if flen > len {
+            self.free.insert(off + len, flen - len);
+        }
+        self.used += len;
+        self.cursor = off + len;
+        Some(off)
+    }
+
+    /// Marks a range used (at startup, from stripe records). False when it overlaps free
+    /// space incompletely, which means two records claim the same blocks.
+    pub fn claim(&mut self, off: u64, len: u64) -> bool {
+        let Some((&foff, &flen)) = self.free.range(..=off).next_back() else { return false };
+        if foff + flen < off + len {
+            return false;
+        }
+        self.free.remove(&foff);
+        if off > foff {
+            self.free.insert(foff, off - foff);
+        }
+        if foff + flen > off + len {
+            self.free.insert(off + len, foff + flen - off - len);
+        }
+        self.used += len;
+        true
+    }
+
+    pub fn release(&mut self, off: u64, len: u64) {
+        debug_assert!(off >= DATA_AREA_OFFSET && len % BLOCK_BYTES as u64 == 0);
+        assert!(self.used >= len, "release of more than is allocated");
+        self.used -= len;
+        let (mut start, mut total) = (off, len);
+        if let Some((&poff, &plen)) = self.free.range(..off).next_back() {
+            assert!(poff + plen <= off, "double free at {off} on a drive");
+            if poff + plen == off {
+                self.free.remove(&poff);
+                start = poff;
+                total += plen;
+            }
+        }
+        if let Some((&noff, &nlen)) = self.free.range(off + 1..).next() {
+            assert!(off + len <= noff, "double free at {off} on a drive");
+            if off + len == noff {
+                self.free.remove(&noff);
+                total += nlen;
+            }
+        }
+        self.free.insert(start, total);
+    }
+}
+
+/// A storage pool: a set of drives and the stripe geometry used on them.
+pub(crate) struct Pool {
+    pub name: String,
+    pub k: usize,
+    pub m: usize,
+    pub codec: Codec,
+    pub drives: Vec<u32>,
+    /// Largest shard; a stripe holds at most k × this many data bytes.
+    pub shard_bytes_max: u32,
+}
+
+impl Pool {
+    pub fn stripe_data_max(&self) -> u64 {
+        self.k as u64 * self.shard_bytes_max as u64
+    }
+}
+
+pub(crate) struct DataStore {
+    pub drives: RwLock<Vec<DriveSlot>>,
+    pub alloc: Mutex<Vec<Allocator>>,
+    pub pools: Vec<Pool>,
+    /// Blocks freed by committed metadata that is not yet known durable. They become
+    /// allocatable only after the next metadata sync: otherwise a power loss could roll the
+    /// metadata back to a stripe whose blocks had already been overwritten.
+    pending_free: Mutex<(u64, std::collections::VecDeque<(u64, u32, u32, u64, u64)>)>,
+    /// Consecutive I/O errors after which a drive is taken offline.
+    pub drive_errors_max: u64,
+}
+
+fn round_up_block(n: u64) -> u64 {
+    n.div_ceil(BLOCK_BYTES as u64) * BLOCK_BYTES as u64
+}
+
+impl DataStore {
+    pub fn new(drives: Vec<DriveSlot>, pools: Vec<Pool>) -> DataStore {
+        let alloc = drives.iter().map(|d| Allocator::new(d.capacity_bytes)).collect();
+        DataStore {
+            drives: RwLock::new(drives),
+            alloc: Mutex::new(alloc),
+            pools,
+            pending_free: Mutex::new((0, std::collections::VecDeque::new())),
+            drive_errors_max: 16,
+        }
+    }
+
+    fn device(&self, p: &Placement) -> Option<(Arc<dyn BlockDevice>, Arc<DriveCounters>)> {
+        let drives = self.drives.read();
+        let d = drives.get(p.drive as usize)?;
+        if p.epoch == 0 || p.epoch != d.epoch {
+            return None;
+        }
+        match d.state {
+            DriveState::Online | DriveState::Rebuilding => {
+                d.dev.clone().map(|dev| (dev, d.counters.clone()))
+            }
+            DriveState::Failed(_) => None,
+        }
+    }
+
+    /// Whether a placement still holds its shard (drive present, same epoch).
+    pub fn placement_valid(&self, p: &Placement) -> bool {
+        self.device(p).is_some()
+    }
+
+    fn note_io_error(&self, drive: u32, what: &str, err: &std::io::Error) {
+        let mut drives = self.drives.write();
+        if let Some(d) = drives.get_mut(drive as usize) {
+            let n = if what == "read" {
+                d.counters.read_errors.fetch_add(1, Ordering::Relaxed) + 1
+            } else {
+                d.counters.write_errors.fetch_add(1, Ordering::Relaxed) + 1
+            };
+            tracing::warn!(drive, path = %d.path.display(), "{what} error: {err}");
+            if n >= self.drive_errors_max && d.state == DriveState::Online {
+                tracing::error!(drive, "taking drive offline after {n} {what} errors");
+                d.state = DriveState::Failed(format!("{n} {what} errors, last: {err}"));
+            }
+        }
+    }
+
+    /// Chooses k+m distinct drives for a new stripe: online drives with the most free space
+    /// first. Drives that are down get a placement with epoch 0 (nothing written): the
+    /// stripe is born degraded and rebuild fills it later. At least k+1 shards must land.
+    fn choose(&self, pool: &Pool, len: u64) -> Result<Vec<(u32, Option<u64>)>> {
+        let n = pool.k + pool.m;
+        let drives = self.drives.read();
+        let mut alloc = self.alloc.lock();
+        let mut candidates: Vec<(u32, u64)> = pool
+            .drives
+            .iter()
+            .filter(|&&i| {
+                let d = &drives[i as usize];
+                d.state == DriveState::Online && d.dev.is_some()
+            })
+            .map(|&i| (i, alloc[i as usize].free_bytes()))
+            .filter(|(_, free)| *free >= len)
+            .collect();
+        candidates.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        candidates.truncate(n);
+        if candidates.len() < (pool.k + 1).min(n) {
+            return Err(Error::NoSpace(format!(
+                "pool {} needs at least {} usable drives with {} bytes free, has {}",
+                pool.name,
+                pool.k + 1,
+                len,
+                candidates.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(n);
+        for (i, _) in &candidates {
+            match alloc[*i as usize].alloc(len) {
+                Some(off) => out.push((*i, Some(off))),
+                None => {
+                    for (d, off) in &out {
+                        if let Some(off) = off {
+                            alloc[*d as usize].release(*off, len);
+                        }
+                    }
+                    return Err(Error::NoSpace(format!("drive {i} has no contiguous {len} bytes")));
+                }
+            }
+        }
+        // Missing shards go to drives of the pool that are down, so rebuild knows where.
+        for &i in &pool.drives {
+            if out.len() == n {
+                break;
+            }
+            if !out.iter().any(|(d, _)| *d == i) {
+                out.push((i, None));
+            }
+        }
+        while out.len() < n {
+            out.push((u32::MAX, None));
+        }
+        Ok(out)
+    }
+
+    /// Erasure-codes `data` into a new stripe and writes its shards. The returned record has
+    /// refs = 0; the caller commits it with the extents that use it. On error nothing stays
+    /// allocated.
+    pub fn write_stripe(&self, pool_id: u16, data: &[u8], durable: bool) -> Result<StripeRec> {
+        let pool = &self.pools[pool_id as usize];
+        assert!(!data.is_empty() && data.len() as u64 <= pool.stripe_data_max());
+        let shard_bytes = round_up_block(data.len().div_ceil(pool.k) as u64) as usize;
+        let n = pool.k + pool.m;
+        let mut shards: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::zeroed(shard_bytes)).collect();
+        for (i, chunk) in data.chunks(shard_bytes).enumerate() {
+            shards[i][..chunk.len()].copy_from_slice(chunk);
+        }
+        {
+            let mut refs: Vec<&mut [u8]> = shards.iter_mut().map(|s| &mut s[..]).collect();
+            pool.codec.encode(&mut refs).map_err(|e| Error::Io(format!("erasure encode: {e}")))?;
+        }
+        let blocks = (shard_bytes as u32).div_ceil(CHECKSUM_BLOCK_BYTES) as usize;
+        let mut crcs = Vec::with_capacity(n * blocks);
+        for s in &shards {
+            for b in s.chunks(CHECKSUM_BLOCK_BYTES as usize) {
+                crcs.push(crc32c::crc32c(b));
+            }
+        }
+        let chosen = self.choose(pool, shard_bytes as u64)?;
+        let epochs: Vec<u32> = {
+            let drives = self.drives.read();
+            chosen
+                .iter()
+                .map(|(d, off)| match off {
+                    Some(_) => drives[*d as usize].epoch,
+                    None => 0,
+                })
+                .collect()
+        };
+        let mut placements = Vec::with_capacity(n);
+        let mut pending = Vec::new();
+        for (i, (shard, (drive, off))) in shards.into_iter().zip(chosen.iter()).enumerate() {
+            let p = Placement { drive: *drive, epoch: epochs[i], offset: off.unwrap_or(0) };
+            if off.is_some() {
+                match self.device(&p) {
+                    Some((dev, _)) => pending.push((p, dev.write(p.offset, shard))),
+                    None => {
+                        placements.push(Placement { epoch: 0, ..p });
+                        continue;
+                    }
+                }
+            }
+            placements.push(p);
+        }
+        let mut failed = None;
+        let mut synced = Vec::new();
+        for (p, c) in pending {
+            match c.wait() {
+                Ok(_) => synced.push(p),
+                Err(e) => {
+                    self.note_io_error(p.drive, "write", &e);
+                    failed = Some(format!("write shard to drive {}: {e}", p.drive));
+                }
+            }
+        }
+        if failed.is_none() && durable {
+            let syncs: Vec<(u32, IoCompletion<()>)> = synced
+                .iter()
+                .filter_map(|p| self.device(p).map(|(dev, _)| (p.drive, dev.sync())))
+                .collect();
+            for (d, c) in syncs {
+                if let Err(e) = c.wait() {
+                    self.note_io_error(d, "write", &e);
+                    failed = Some(format!("sync drive {d}: {e}"));
+                }
+            }
+        }
+        let rec = StripeRec {
+            pool: pool_id,
+            k: pool.k as u8,
+            m: pool.m as u8,
+            shard_bytes: shard_bytes as u32,
+            data_len: data.len() as u64,
+            refs: 0,
+            placements,
+            crcs,
+        };
+        if let Some(msg) = failed {
+            self.free_now(&rec);
+            return Err(Error::Io(msg));
+        }
+        Ok(rec)
+    }
+
+    fn allocated(rec: &StripeRec) -> impl Iterator<Item = &Placement> {
+        rec.placements.iter().filter(|p| p.epoch != 0 && p.drive != u32::MAX)
+    }
+
+    /// Frees a stripe that no metadata ever referenced (a failed write).
+    pub fn free_now(&self, rec: &StripeRec) {
+        let drives = self.drives.read();
+        let mut alloc = self.alloc.lock();
+        for p in Self::allocated(rec) {
+            if drives.get(p.drive as usize).is_some_and(|d| d.epoch == p.epoch) {
+                alloc[p.drive as usize].release(p.offset, rec.shard_bytes as u64);
+            }
+        }
+    }
+
+    /// Queues a stripe's blocks for reuse once the metadata that dropped it is durable.
+    /// Call only after the batch that dropped the stripe was written.
+    pub fn free_after_sync(&self, rec: &StripeRec) {
+        let mut pending = self.pending_free.lock();
+        let seq = pending.0;
+        pending.0 += 1;
+        for p in Self::allocated(rec) {
+            pending.1.push_back((seq, p.drive, p.epoch, p.offset, rec.shard_bytes as u64));
+        }
+    }
+
+    /// A mark taken before a metadata sync: the sync covers every free queued before it.
+    pub fn pending_mark(&self) -> u64 {
+        self.pending_free.lock().0
+    }
+
+    /// Makes the frees queued before `mark` allocatable (their metadata is durable now).
+    pub fn release_pending(&self, mark: u64) {
+        let mut drained = Vec::new();
+        {
+            let mut pending = self.pending_free.lock();
+            while pending.1.front().is_some_and(|e| e.0 < mark) {
+                drained.push(pending.1.pop_front().expect("front"));
+            }
+        }
+        if drained.is_empty() {
+            return;
+        }
+        let drives = self.drives.read();
+        let mut alloc = self.alloc.lock();
+        for (_, d, epoch, off, len) in drained {
+            // A shard on a drive that has since been replaced was never claimed on the new one.
+            if drives.get(d as usize).is_some_and(|s| s.epoch == epoch) {
+                alloc[d as usize].release(off, len);
+            }
+        }
+    }
+
+    /// Registers the blocks of a committed stripe at startup.
+    pub fn claim(&self, rec: &StripeRec) -> Result<()> {
+        let drives = self.drives.read();
+        let mut alloc = self.alloc.lock();
+        for p in Self::allocated(rec) {
+            let Some(d) = drives.get(p.drive as usize) else { continue };
+            if d.epoch != p.epoch {
+                continue; // shard lost with a replaced drive; rebuild will place it again
+            }
+            if !alloc[p.drive as usize].claim(p.offset, rec.shard_bytes as u64) {
+                return Err(Error::Corrupt(format!(
+                    "two stripes claim drive {} offset {}",
+                    p.drive, p.offset
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads `len` data bytes at `offset` within a stripe, verifying checksums; falls back to
+    /// reconstruction from parity when a shard is missing, unreadable or corrupt.
+    pub fn read_range(&self, rec: &StripeRec, offset: u64, len: usize) -> Result<Vec<u8>> {
+        assert!(offset + len as u64 <= rec.data_len, "read past stripe data");
+        let sb = rec.shard_bytes as u64;
+        let cb = CHECKSUM_BLOCK_BYTES as u64;
+        let blocks = rec.checksum_blocks();
+        let mut out = vec![0u8; len];
+        // (shard, read start in shard, bytes read, completion)
+        let mut reads = Vec::new();
+        let mut pos = offset;
+        let end = offset + len as u64;
+        let mut ok = true;
+        while pos < end {
+            let shard = (pos / sb) as usize;
+            let in_shard = pos % sb;
+            let piece_end = ((shard as u64 + 1) * sb).min(end);
+            let a = in_shard / cb * cb;
+            let b = ((piece_end - shard as u64 * sb).div_ceil(cb) * cb).min(sb);
+            let p = rec.placements[shard];
+            match self.device(&p) {
+                Some((dev, c)) => {
+                    reads.push((shard, a, b, pos, piece_end, dev.read(p.offset + a, (b - a) as usize), c))
+                }
+                None => ok = false,
+            }
+            pos = piece_end;
+        }
+        for (shard, a, b, from, to, comp, counters) in reads {
+            match comp.wait() {
+                Ok(buf) => {
+                    let first = (a / cb) as usize;
+                    let mut good = true;
+                    for (j, chunk) in buf[..(b - a) as usize].chunks(cb as usize).enumerate() {
+                        if crc32c::crc32c(chunk) != rec.crcs[shard * blocks + first + j] {
+                            good = false;
+                        }
+                    }
+                    if !good {
+                        counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(drive = rec.placements[shard].drive, "checksum mismatch, reconstructing");
+                        ok = false;
+                        continue;
+                    }
+                    let src = (from - shard as u64 * sb - a) as usize;
+                    let n = (to - from) as usize;
+                    out[(from - offset) as usize..(from - offset) as usize + n]
+                        .copy_from_slice(&buf[src..src + n]);
+                }
+                Err(e) => {
+                    self.note_io_error(rec.placements[shard].drive, "read", &e);
+                    ok = false;
+                }
+            }
+        }
+        if ok {
+            return Ok(out);
+        }
+        let data = self.reconstruct_data(rec)?;
+        out.copy_from_slice(&data[offset as usize..offset as usize + len]);
+        Ok(out)
+    }
+
+    /// Reads every shard in full; None for missing, unreadable or corrupt ones.
+    pub fn read_shards(&self, rec: &StripeRec) -> Vec<Option<Vec<u8>>> {
+        let blocks = rec.checksum_blocks();
+        let comps: Vec<_> = rec
+            .placements
+            .iter()
+            .map(|p| self.device(p).map(|(dev, c)| (dev.read(p.offset, rec.shard_bytes as usize), c)))
+            .collect();
+        comps
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let (comp, counters) = c?;
+                match comp.wait() {
+                    Ok(buf) => {
+                        let good = buf[..rec.shard_bytes as usize]
+                            .chunks(CHECKSUM_BLOCK_BYTES as usize)
+                            .enumerate()
+                            .all(|(j, ch)| crc32c::crc32c(ch) == rec.crcs[i * blocks + j]);
+                        if good {
+                            Some(buf[..rec.shard_bytes as usize].to_vec())
+                        } else {
+                            counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                            None
+                        }
+                    }
+                    Err(e) => {
+                        self.note_io_error(rec.placements[i].drive, "read", &e);
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// The stripe's data bytes, rebuilt from any k good shards.
+    pub fn reconstruct_data(&self, rec: &StripeRec) -> Result<Vec<u8>> {
+        let pool = &self.pools[rec.pool as usize];
+        let mut shards = self.read_shards(rec);
+        let present = shards.iter().filter(|s| s.is_some()).count();
+        if present < rec.k as usize {
+            return Err(Error::Unavailable(format!(
+                "stripe has {present} good shards, needs {}",
+                rec.k
+            )));
+        }
+        pool.codec
+            .reconstruct_data(&mut shards)
+            .map_err(|e| Error::Unavailable(format!("reconstruct: {e}")))?;
+        let mut data = Vec::with_capacity(rec.data_len as usize);
+        for s in shards.iter().take(rec.k as usize) {
+            data.extend_from_slice(s.as_ref().expect("reconstructed"));
+        }
+        data.truncate(rec.data_len as usize);
+        Ok(data)
+    }
+
+    /// Rewrites shard `i` of a stripe in place (scrub repair), verified by its checksums.
+    pub fn rewrite_shard(&self, rec: &StripeRec, i: usize, shard: &[u8]) -> Result<()> {
+        let blocks = rec.checksum_blocks();
+        for (j, ch) in shard.chunks(CHECKSUM_BLOCK_BYTES as usize).enumerate() {
+            assert_eq!(crc32c::crc32c(ch), rec.crcs[i * blocks + j], "repair data does not match its checksum");
+        }
+        let p = rec.placements[i];
+        let (dev, c) = self
+            .device(&p)
+            .ok_or_else(|| Error::Unavailable(format!("drive {} is not available", p.drive)))?;
+        dev.write(p.offset, AlignedBuf::from_slice(shard))
+            .wait()
+            .and_then(|_| dev.sync().wait())
+            .map_err(|e| Error::Io(format!("repair shard on drive {}: {e}", p.drive)))?;
+        c.repaired_shards.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes shard `i` to a fresh allocation on `drive` (rebuild) and returns its placement.
+    pub fn place_shard(&self, rec: &StripeRec, drive: u32, shard: &[u8]) -> Result<Placement> {
+        let (epoch, dev) = {
+            let drives = self.drives.read();
+            let d = drives
+                .get(drive as usize)
+                .ok_or_else(|| Error::InvalidArgument(format!("no drive {drive}")))?;
+            (d.epoch, d.dev.clone().ok_or_else(|| Error::Unavailable(format!("drive {drive} not open")))?)
+        };
+        let len = rec.shard_bytes as u64;
+        let off = self.alloc.lock()[drive as usize]
+            .alloc(len)
+            .ok_or_else(|| Error::NoSpace(format!("drive {drive} is full")))?;
+        let res = dev.write(off, AlignedBuf::from_slice(shard)).wait();
+        if let Err(e) = res {
+            self.alloc.lock()[drive as usize].release(off, len);
+            return Err(Error::Io(format!("write rebuilt shard to drive {drive}: {e}")));
+        }
+        Ok(Placement { drive, epoch, offset: off })
+    }
+
+    pub fn sync_drive(&self, drive: u32) -> Result<()> {
+        let dev = self.drives.read().get(drive as usize).and_then(|d| d.dev.clone());
+        if let Some(dev) = dev {
+            dev.sync().wait().map_err(|e| Error::Io(format!("sync drive {drive}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Undo a placement made by `place_shard` that could not be committed.
+    pub fn unplace(&self, p: &Placement, len: u64) {
+        self.alloc.lock()[p.drive as usize].release(p.offset, len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn superblock_round_trip_and_damage() {
+        let sb = Superblock {
+            drive_uuid: [1; 16],
+            cluster_uuid: [2; 16],
+            drive_index: 3,
+            epoch: 4,
+            capacity_bytes: 1 << 30,
+        };
+        let b = sb.encode();
+        assert_eq!(Superblock::decode(&b).unwrap(), sb);
+        for i in 0..76 {
+            let mut d = b.to_vec();
+            d[i] ^= 0x40;
+            assert!(Superblock::decode(&d).is_err(), "flip at {i} not detected");
+        }
+    }
+
+    #[test]
+    fn allocator_alloc_claim_release() {
+        let mut a = Allocator::new(DATA_AREA_OFFSET + 16 * 4096);
+        assert_eq!(a.free_bytes(), 16 * 4096);
+        let x = a.alloc(4 * 4096).unwrap();
+        let y = a.alloc(4 * 4096).unwrap();
+        assert_ne!(x, y);
+        assert_eq!(a.free_bytes(), 8 * 4096);
+        a.release(x, 4 * 4096);
+        a.release(y, 4 * 4096);
+        assert_eq!(a.free_bytes(), 16 * 4096);
+        assert_eq!(a.free.len(), 1, "neighbours merge");
+        assert!(a.claim(DATA_AREA_OFFSET + 4096, 4096));
+        assert!(!a.claim(DATA_AREA_OFFSET + 4096, 4096), "double claim detected");
+        assert!(a.alloc(16 * 4096).is_none());
+        assert_eq!(a.free_bytes(), 15 * 4096);
+    }
+}

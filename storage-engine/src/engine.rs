@@ -1,0 +1,1984 @@
+//! The engine: opens metadata and drives, and implements the namespace API of DESIGN.md §3.1.
+//!
+//! Every metadata mutation is a [`Command`] carrying everything nondeterministic (inode
+//! numbers, timestamps, the caller, stripe records) and applied under one mutation lock to the
+//! RocksDB state machine as exactly one write batch. A cluster replicates the same commands.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use hardware::{BlockDevice, DriveOpenOptions};
+use parking_lot::Mutex;
+use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch, WriteOptions};
+
+use crate::data::{DataStore, DriveInfo, DriveSlot, DriveState, Pool, Superblock};
+use crate::ec::Codec;
+use crate::error::{Error, NameProblem, Result};
+use crate::records::*;
+use crate::types::*;
+use crate::writebuf::WriteBuffer;
+
+pub(crate) const CF_INODES: &str = "inodes";
+pub(crate) const CF_DENTRIES: &str = "dentries";
+pub(crate) const CF_EXTENTS: &str = "extents";
+pub(crate) const CF_STRIPES: &str = "stripes";
+pub(crate) const CF_INLINE: &str = "inline";
+pub(crate) const CF_XATTRS: &str = "xattrs";
+pub(crate) const CF_IDENTITY: &str = "identity";
+pub(crate) const CF_SYSTEM: &str = "system";
+pub(crate) const CF_ORPHANS: &str = "orphans";
+pub(crate) const CF_UPLOADS: &str = "uploads";
+pub(crate) const CF_JOBS: &str = "jobs";
+const ALL_CFS: &[&str] = &[
+    CF_INODES, CF_DENTRIES, CF_EXTENTS, CF_STRIPES, CF_INLINE, CF_XATTRS, CF_IDENTITY,
+    CF_SYSTEM, CF_ORPHANS, CF_UPLOADS, CF_JOBS,
+];
+
+const KEY_CLUSTER: &[u8] = b"cluster";
+const KEY_NEXT_INO: &[u8] = b"next_ino";
+const KEY_FILES: &[u8] = b"files";
+const KEY_POOL_PREFIX: &str = "pool/";
+const KEY_DRIVE_PREFIX: &str = "drive/";
+
+/// The clock the engine reads; injected so tests are deterministic.
+pub trait Clock: Send + Sync {
+    fn now_ns(&self) -> i64;
+}
+
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ns(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0)
+    }
+}
+
+/// A drive named in the configuration.
+#[derive(Debug, Clone)]
+pub struct DriveConfig {
+    pub path: PathBuf,
+    /// For file drives: create the file with this size at format time when it is missing.
+    pub create_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub name: String,
+    pub data_shards: usize,
+    pub parity_shards: usize,
+    /// Indexes into `EngineConfig::drives`.
+    pub drives: Vec<u32>,
+}
+
+/// Wraps each opened drive, e.g. with a fault injector in tests.
+pub type DriveWrapper = Arc<dyn Fn(u32, Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> + Send + Sync>;
+
+#[derive(Clone)]
+pub struct EngineConfig {
+    /// Metadata lives in `data_dir/meta`.
+    pub data_dir: PathBuf,
+    pub drives: Vec<DriveConfig>,
+    /// Used only when the node is formatted; afterwards the stored pool table rules.
+    pub pools: Vec<PoolConfig>,
+    /// Files up to this size are stored inside metadata.
+    pub inline_bytes_max: u64,
+    /// Largest shard of a stripe; a stripe holds at most k × this many bytes.
+    pub shard_bytes_max: u32,
+    /// Buffered bytes per file above which full stripes are written out.
+    pub write_buffer_bytes_max: usize,
+    /// How often unsynced metadata is made durable.
+    pub wal_sync_interval_ms: u64,
+    pub drive_open: DriveOpenOptions,
+    pub drive_wrapper: Option<DriveWrapper>,
+    pub clock: Arc<dyn Clock>,
+    /// Password of the `admin` user created when the node is formatted.
+    pub admin_password: Option<String>,
+    /// Cost of argon2 hashing; tests lower it.
+    pub argon2_memory_kib: u32,
+}
+
+impl EngineConfig {
+    /// `count` file drives of `drive_bytes` each in `data_dir/drives`, one pool k+m.
+    pub fn with_file_drives(data_dir: &Path, count: usize, drive_bytes: u64, k: usize, m: usize) -> EngineConfig {
+        let drives = (0..count)
+            .map(|i| DriveConfig {
+                path: data_dir.join("drives").join(format!("drive-{i}.img")),
+                create_bytes: Some(drive_bytes),
+            })
+            .collect();
+        EngineConfig {
+            data_dir: data_dir.to_path_buf(),
+            drives,
+            pools: vec![PoolConfig {
+                name: "default".into(),
+                data_shards: k,
+                parity_shards: m,
+                drives: (0..count as u32).collect(),
+            }],
+            inline_bytes_max: 64 * 1024,
+            shard_bytes_max: 1 << 20,
+            write_buffer_bytes_max: 16 << 20,
+            wal_sync_interval_ms: 1000,
+            drive_open: DriveOpenOptions::default(),
+            drive_wrapper: None,
+            clock: Arc::new(SystemClock),
+            admin_password: None,
+            argon2_memory_kib: 19 * 1024,
+        }
+    }
+}
+
+/// Health of the node as a whole.
+#[derive(Debug, Clone)]
+pub struct Health {
+    /// "ok", "degraded" (redundancy reduced) or "failed" (data unavailable).
+    pub state: &'static str,
+    pub drives: Vec<DriveInfo>,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolInfo {
+    pub name: String,
+    pub data_shards: usize,
+    pub parity_shards: usize,
+    pub drives: Vec<u32>,
+    pub raw_capacity_bytes: u64,
+    pub raw_used_bytes: u64,
+}
+
+/// What a namespace mutation does, with every nondeterministic input resolved.
+#[derive(Debug, Clone)]
+pub(crate) enum Command {
+    Create {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+        kind: FileKind,
+        mode: u32,
+        ino: Ino,
+        generation: u64,
+        now: i64,
+        target: Vec<u8>,
+        /// Fail with Exists when the name exists; else return the existing file.
+        exclusive: bool,
+        /// Create without a directory entry (put-whole and multipart staging).
+        orphan: bool,
+    },
+    Link { caller: Caller, ino: Ino, parent: Ino, name: Vec<u8>, now: i64 },
+    Unlink { caller: Caller, parent: Ino, name: Vec<u8>, dir: bool, now: i64 },
+    Rename {
+        caller: Caller,
+        from_parent: Ino,
+        from_name: Vec<u8>,
+        to_parent: Ino,
+        to_name: Vec<u8>,
+        now: i64,
+    },
+    /// Link an orphan in place of whatever `name` is (atomic replace), then clear its orphan
+    /// mark.
+    Publish { caller: Caller, ino: Ino, parent: Ino, name: Vec<u8>, now: i64 },
+    SetAttr { caller: Caller, ino: Ino, set: SetAttr, now: i64 },
+    WriteExtents {
+        ino: Ino,
+        /// New extents: (file offset, stripe id, stripe record with refs 0). Non-overlapping.
+        extents: Vec<(u64, u64, StripeRec)>,
+        /// Replaces inline data; the file becomes extent-stored when `extents` is non-empty.
+        inline: Option<Vec<u8>>,
+        size_at_least: u64,
+        now: i64,
+    },
+    /// Append the extents of `parts` (orphans) to `ino` in order, then delete the parts.
+    Concat { ino: Ino, parts: Vec<Ino>, now: i64 },
+    SetXattr { caller: Caller, ino: Ino, name: Vec<u8>, value: Option<Vec<u8>>, now: i64 },
+    DeleteOrphan { ino: Ino },
+}
+
+pub(crate) struct Applied {
+    pub attr: Option<Attr>,
+    pub events: Vec<ChangeEvent>,
+}
+
+pub struct Engine {
+    pub(crate) db: DB,
+    pub(crate) data: DataStore,
+    pub(crate) cfg: EngineConfig,
+    pub(crate) mutate: Mutex<()>,
+    next_ino: AtomicU64,
+    next_stripe: AtomicU64,
+    files: AtomicU64,
+    buffers: Mutex<HashMap<Ino, Arc<Mutex<WriteBuffer>>>>,
+    events: tokio::sync::broadcast::Sender<ChangeEvent>,
+    pub(crate) jobs: crate::jobs::Jobs,
+    pub(crate) auth_cache: Mutex<HashMap<(String, [u8; 32]), (Caller, std::time::Instant)>>,
+    pub(crate) closed: AtomicBool,
+    sync_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    sync_lock: Mutex<()>,
+    pub(crate) cluster_uuid: [u8; 16],
+}
+
+pub(crate) fn validate_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::InvalidName(NameProblem::Empty));
+    }
+    if name == b"." || name == b".." {
+        return Err(Error::InvalidName(NameProblem::Dot));
+    }
+    if name.contains(&b'/') {
+        return Err(Error::InvalidName(NameProblem::Slash));
+    }
+    if name.contains(&0) {
+        return Err(Error::InvalidName(NameProblem::Nul));
+    }
+    if name.len() > NAME_BYTES_MAX {
+        return Err(Error::InvalidName(NameProblem::TooLong));
+    }
+    Ok(())
+}
+
+const R: u32 = 4;
+const W: u32 = 2;
+const X: u32 = 1;
+
+fn may(caller: &Caller, rec: &InodeRec, mask: u32) -> bool {
+    if caller.uid == 0 {
+        // Root reads and writes anything, and executes what anybody may execute.
+        return mask & X == 0 || rec.kind == FileKind::Dir || rec.mode & 0o111 != 0;
+    }
+    let bits = if caller.uid == rec.uid {
+        (rec.mode >> 6) & 7
+    } else if caller.in_group(rec.gid) {
+        (rec.mode >> 3) & 7
+    } else {
+        rec.mode & 7
+    };
+    bits & mask == mask
+}
+
+fn check(caller: &Caller, rec: &InodeRec, mask: u32) -> Result<()> {
+    if may(caller, rec, mask) { Ok(()) } else { Err(Error::PermissionDenied) }
+}
+
+/// Sticky directories let only the owner of an entry (or of the directory) remove it.
+fn sticky_ok(caller: &Caller, dir: &InodeRec, victim: &InodeRec) -> bool {
+    dir.mode & 0o1000 == 0 || caller.uid == 0 || caller.uid == dir.uid || caller.uid == victim.uid
+}
+
+pub(crate) fn attr_of(ino: Ino, r: &InodeRec) -> Attr {
+    Attr {
+        ino,
+        kind: r.kind,
+        mode: r.mode,
+        uid: r.uid,
+        gid: r.gid,
+        nlink: r.nlink,
+        size: r.size,
+        atime_ns: r.atime_ns,
+        mtime_ns: r.mtime_ns,
+        ctime_ns: r.ctime_ns,
+        btime_ns: r.btime_ns,
+        version: r.version,
+        generation: r.generation,
+        stored_bytes: r.stored_bytes,
+    }
+}
+
+/// Extent pieces held in memory while a command rewrites part of a file's extent map.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    off: u64,
+    len: u64,
+    stripe: u64,
+    stripe_off: u64,
+}
+
+impl Engine {
+    /// Opens (formatting on first use) the metadata store and the drives.
+    pub fn open(cfg: EngineConfig) -> Result<Arc<Engine>> {
+        let meta_dir = cfg.data_dir.join("meta");
+        std::fs::create_dir_all(&meta_dir)
+            .map_err(|e| Error::Io(format!("create {}: {e}", meta_dir.display())))?;
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        opts.increase_parallelism(2);
+        opts.set_keep_log_file_num(4);
+        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, Options::default()));
+        // An engine of this process that is still closing (its last handle dropped on a
+        // background thread) holds the RocksDB lock for a moment: wait for it briefly.
+        let cfs: Vec<ColumnFamilyDescriptor> = cfs.collect();
+        let mut attempt = 0;
+        let db = loop {
+            let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, Options::default()));
+            match DB::open_cf_descriptors(&opts, &meta_dir, cfs) {
+                Ok(db) => break db,
+                Err(e) if attempt < 100 && e.as_ref().contains("lock") => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        drop(cfs);
+
+        let formatted = db.get_cf(db.cf_handle(CF_SYSTEM).expect("cf"), KEY_CLUSTER)?;
+        let cluster_uuid: [u8; 16] = match formatted {
+            Some(v) => v.as_slice().try_into().map_err(|_| Error::Corrupt("cluster uuid".into()))?,
+            None => Self::format(&db, &cfg)?,
+        };
+        let (drives, pools) = Self::open_drives(&db, &cfg, cluster_uuid)?;
+        let data = DataStore::new(drives, pools);
+
+        // Rebuild the allocators from the stripe table; find the next stripe id.
+        let mut next_stripe = 1;
+        {
+            let cf = db.cf_handle(CF_STRIPES).expect("cf");
+            for kv in db.iterator_cf(cf, IteratorMode::Start) {
+                let (k, v) = kv?;
+                let id = read_be64(&k)?;
+                next_stripe = next_stripe.max(id + 1);
+                data.claim(&StripeRec::decode(&v)?)?;
+            }
+        }
+        let sys = db.cf_handle(CF_SYSTEM).expect("cf");
+        let next_ino = match db.get_cf(sys, KEY_NEXT_INO)? {
+            Some(v) => read_be64(&v)?,
+            None => ROOT_INO + 1,
+        };
+        let files = match db.get_cf(sys, KEY_FILES)? {
+            Some(v) => read_be64(&v)?,
+            None => 1,
+        };
+        let (events, _) = tokio::sync::broadcast::channel(4096);
+        let engine = Arc::new(Engine {
+            db,
+            data,
+            cfg,
+            mutate: Mutex::new(()),
+            next_ino: AtomicU64::new(next_ino),
+            next_stripe: AtomicU64::new(next_stripe),
+            files: AtomicU64::new(files),
+            buffers: Mutex::new(HashMap::new()),
+            events,
+            jobs: crate::jobs::Jobs::default(),
+            auth_cache: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+            sync_thread: Mutex::new(None),
+            sync_lock: Mutex::new(()),
+            cluster_uuid,
+        });
+        engine.ensure_admin()?;
+        engine.reclaim_orphans()?;
+        engine.start_sync_thread();
+        crate::jobs::resume(&engine)?;
+        Ok(engine)
+    }
+
+    fn format(db: &DB, cfg: &EngineConfig) -> Result<[u8; 16]> {
+        if cfg.pools.is_empty() {
+            return Err(Error::InvalidArgument("no pool configured".into()));
+        }
+        let cluster = *uuid::Uuid::new_v4().as_bytes();
+        let sys = db.cf_handle(CF_SYSTEM).expect("cf");
+        let mut batch = WriteBatch::default();
+        for (pi, p) in cfg.pools.iter().enumerate() {
+            Codec::new(p.data_shards, p.parity_shards)
+                .map_err(|e| Error::InvalidArgument(format!("pool {}: {e}", p.name)))?;
+            if p.drives.len() < p.data_shards + 1 {
+                return Err(Error::InvalidArgument(format!(
+                    "pool {} has {} drives; {}+{} needs at least {}",
+                    p.name,
+                    p.drives.len(),
+                    p.data_shards,
+                    p.parity_shards,
+                    p.data_shards + p.parity_shards
+                )));
+            }
+            let mut e = Enc::new(1);
+            e.bytes(p.name.as_bytes()).u8(p.data_shards as u8).u8(p.parity_shards as u8);
+            e.u32(p.drives.len() as u32);
+            for d in &p.drives {
+                if *d as usize >= cfg.drives.len() {
+                    return Err(Error::InvalidArgument(format!("pool {} names drive {d}", p.name)));
+                }
+                e.u32(*d);
+            }
+            batch.put_cf(sys, format!("{KEY_POOL_PREFIX}{pi:04}"), e.finish());
+        }
+        for (i, d) in cfg.drives.iter().enumerate() {
+            let pool = cfg.pools.iter().position(|p| p.drives.contains(&(i as u32))).unwrap_or(0);
+            if !d.path.exists() {
+                let Some(bytes) = d.create_bytes else {
+                    return Err(Error::InvalidArgument(format!("drive {} does not exist", d.path.display())));
+                };
+                if let Some(parent) = d.path.parent() {
+                    std::fs::create_dir_all(parent)
+                        .map_err(|e| Error::Io(format!("create {}: {e}", parent.display())))?;
+                }
+                hardware::create_file_drive(&d.path, bytes)
+                    .map_err(|e| Error::Io(format!("create drive {}: {e}", d.path.display())))?;
+            }
+            let uuid = *uuid::Uuid::new_v4().as_bytes();
+            let dev = hardware::open_drive(&d.path, &cfg.drive_open)
+                .map_err(|e| Error::Io(format!("open drive {}: {e}", d.path.display())))?;
+            let sb = Superblock {
+                drive_uuid: uuid,
+                cluster_uuid: cluster,
+                drive_index: i as u32,
+                epoch: 1,
+                capacity_bytes: dev.capacity_bytes(),
+            };
+            dev.write(0, sb.encode())
+                .wait()
+                .and_then(|_| dev.sync().wait())
+                .map_err(|e| Error::Io(format!("write superblock to {}: {e}", d.path.display())))?;
+            batch.put_cf(sys, format!("{KEY_DRIVE_PREFIX}{i:04}"), encode_drive(&d.path, &uuid, 1, pool as u16, dev.capacity_bytes()));
+        }
+        let now = cfg.clock.now_ns();
+        let root = InodeRec {
+            kind: FileKind::Dir,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            nlink: 2,
+            size: 0,
+            atime_ns: now,
+            mtime_ns: now,
+            ctime_ns: now,
+            btime_ns: now,
+            version: 1,
+            generation: rand::random(),
+            storage: Storage::Inline,
+            parent: ROOT_INO,
+            target: vec![],
+            stored_bytes: 0,
+        };
+        batch.put_cf(db.cf_handle(CF_INODES).expect("cf"), be64(ROOT_INO), root.encode());
+        batch.put_cf(sys, KEY_NEXT_INO, be64(ROOT_INO + 1));
+        batch.put_cf(sys, KEY_FILES, be64(1));
+        // The cluster key goes last in the same batch: a crash during format leaves either
+        // nothing formatted or everything.
+        batch.put_cf(sys, KEY_CLUSTER, cluster);
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        db.write_opt(batch, &wo)?;
+        tracing::info!(drives = cfg.drives.len(), "formatted a new node");
+        Ok(cluster)
+    }
+
+    fn open_drives(db: &DB, cfg: &EngineConfig, cluster: [u8; 16]) -> Result<(Vec<DriveSlot>, Vec<Pool>)> {
+        let sys = db.cf_handle(CF_SYSTEM).expect("cf");
+        let mut drives = Vec::new();
+        for kv in db.prefix_iterator_cf(sys, KEY_DRIVE_PREFIX.as_bytes()) {
+            let (k, v) = kv?;
+            if !k.starts_with(KEY_DRIVE_PREFIX.as_bytes()) {
+                break;
+            }
+            let (path, uuid, epoch, pool, capacity) = decode_drive(&v)?;
+            let index = drives.len() as u32;
+            let (state, dev) = match Self::open_one(cfg, &path, index, uuid, epoch, cluster) {
+                Ok(dev) => (DriveState::Online, Some(dev)),
+                Err(reason) => {
+                    tracing::error!(drive = index, path = %path.display(), "drive unusable: {reason}");
+                    (DriveState::Failed(reason), None)
+                }
+            };
+            drives.push(DriveSlot {
+                index,
+                path,
+                uuid,
+                epoch,
+                pool,
+                capacity_bytes: capacity,
+                state,
+                dev,
+                counters: Default::default(),
+            });
+        }
+        let mut pools = Vec::new();
+        for kv in db.prefix_iterator_cf(sys, KEY_POOL_PREFIX.as_bytes()) {
+            let (k, v) = kv?;
+            if !k.starts_with(KEY_POOL_PREFIX.as_bytes()) {
+                break;
+            }
+            let mut d = Dec::new(&v, "pool", 1)?;
+            let name = utf8(d.bytes()?, "pool name")?;
+            let k = d.u8()? as usize;
+            let m = d.u8()? as usize;
+            let n = d.u32()? as usize;
+            let mut ds = Vec::with_capacity(n.min(1024));
+            for _ in 0..n {
+                ds.push(d.u32()?);
+            }
+            d.end()?;
+            let codec = Codec::new(k, m).map_err(|e| Error::Corrupt(format!("pool {name}: {e}")))?;
+            pools.push(Pool { name, k, m, codec, drives: ds, shard_bytes_max: cfg.shard_bytes_max });
+        }
+        Ok((drives, pools))
+    }
+
+    fn open_one(cfg: &EngineConfig, path: &Path, index: u32, uuid: [u8; 16], epoch: u32, cluster: [u8; 16]) -> std::result::Result<Arc<dyn BlockDevice>, String> {
+        if !path.exists() {
+            return Err(format!("{} is missing", path.display()));
+        }
+        let mut dev = hardware::open_drive(path, &cfg.drive_open).map_err(|e| format!("open: {e}"))?;
+        if let Some(w) = &cfg.drive_wrapper {
+            dev = w(index, dev);
+        }
+        let sb = dev.read(0, hardware::BLOCK_BYTES).wait().map_err(|e| format!("read superblock: {e}"))?;
+        let sb = Superblock::decode(&sb)?;
+        if sb.cluster_uuid != cluster {
+            return Err("drive belongs to another cluster".into());
+        }
+        if sb.drive_uuid != uuid || sb.drive_index != index || sb.epoch != epoch {
+            return Err(format!(
+                "superblock names drive {} epoch {}, expected drive {index} epoch {epoch}",
+                sb.drive_index, sb.epoch
+            ));
+        }
+        Ok(dev)
+    }
+
+    pub(crate) fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+        self.db.cf_handle(name).expect("column family exists")
+    }
+
+    pub(crate) fn now(&self) -> i64 {
+        self.cfg.clock.now_ns()
+    }
+
+    pub(crate) fn load(&self, ino: Ino) -> Result<InodeRec> {
+        match self.db.get_cf(self.cf(CF_INODES), be64(ino))? {
+            Some(v) => InodeRec::decode(&v),
+            None => Err(Error::NotFound),
+        }
+    }
+
+    fn load_dentry(&self, parent: Ino, name: &[u8]) -> Result<Option<(Ino, FileKind)>> {
+        match self.db.get_cf(self.cf(CF_DENTRIES), dentry_key(parent, name))? {
+            Some(v) => Ok(Some(decode_dentry(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn load_stripe(&self, id: u64) -> Result<StripeRec> {
+        match self.db.get_cf(self.cf(CF_STRIPES), be64(id))? {
+            Some(v) => StripeRec::decode(&v),
+            None => Err(Error::Corrupt(format!("extent names missing stripe {id}"))),
+        }
+    }
+
+    fn buffer_of(&self, ino: Ino) -> Option<Arc<Mutex<WriteBuffer>>> {
+        self.buffers.lock().get(&ino).cloned()
+    }
+
+    /// Attributes with buffered (not yet flushed) writes taken into account.
+    fn overlay_attr(&self, ino: Ino, rec: &InodeRec) -> Attr {
+        let mut a = attr_of(ino, rec);
+        if let Some(b) = self.buffer_of(ino) {
+            let b = b.lock();
+            if !b.is_empty() {
+                a.size = a.size.max(b.size);
+                a.mtime_ns = a.mtime_ns.max(b.mtime_ns);
+                a.ctime_ns = a.ctime_ns.max(b.mtime_ns);
+            }
+        }
+        a
+    }
+
+    // ---------------------------------------------------------------- read side
+
+    pub fn getattr(&self, _caller: &Caller, ino: Ino) -> Result<Attr> {
+        let rec = self.load(ino)?;
+        Ok(self.overlay_attr(ino, &rec))
+    }
+
+    pub fn lookup(&self, caller: &Caller, parent: Ino, name: &[u8]) -> Result<Attr> {
+        let dir = self.load(parent)?;
+        if dir.kind != FileKind::Dir {
+            return Err(Error::NotDir);
+        }
+        check(caller, &dir, X)?;
+        if name == b"." {
+            return Ok(self.overlay_attr(parent, &dir));
+        }
+        if name == b".." {
+            let p = dir.parent.max(ROOT_INO);
+            return Ok(self.overlay_attr(p, &self.load(p)?));
+        }
+        validate_name(name)?;
+        let (ino, _) = self.load_dentry(parent, name)?.ok_or(Error::NotFound)?;
+        let rec = self.load(ino)?;
+        Ok(self.overlay_attr(ino, &rec))
+    }
+
+    /// Resolves a `/`-separated path from the root, without following symlinks.
+    pub fn resolve(&self, caller: &Caller, path: &str) -> Result<Attr> {
+        let mut cur = self.getattr(caller, ROOT_INO)?;
+        for comp in path.split('/').filter(|c| !c.is_empty()) {
+            if cur.kind != FileKind::Dir {
+                return Err(Error::NotDir);
+            }
+            cur = self.lookup(caller, cur.ino, comp.as_bytes())?;
+        }
+        Ok(cur)
+    }
+
+    /// Resolves the parent directory of a path and returns it with the last name.
+    pub fn resolve_parent<'p>(&self, caller: &Caller, path: &'p str) -> Result<(Attr, &'p str)> {
+        let trimmed = path.trim_end_matches('/');
+        let (dir, name) = match trimmed.rfind('/') {
+            Some(i) => (&trimmed[..i], &trimmed[i + 1..]),
+            None => ("", trimmed),
+        };
+        validate_name(name.as_bytes())?;
+        let parent = self.resolve(caller, dir)?;
+        if parent.kind != FileKind::Dir {
+            return Err(Error::NotDir);
+        }
+        Ok((parent, name))
+    }
+
+    pub fn readlink(&self, _caller: &Caller, ino: Ino) -> Result<Vec<u8>> {
+        let rec = self.load(ino)?;
+        if rec.kind != FileKind::Symlink {
+            return Err(Error::NotSymlink);
+        }
+        Ok(rec.target)
+    }
+
+    /// Lists a directory in name byte order, `max` entries from after `cursor`.
+    pub fn readdir(&self, caller: &Caller, ino: Ino, cursor: Option<&[u8]>, max: usize) -> Result<DirPage> {
+        let dir = self.load(ino)?;
+        if dir.kind != FileKind::Dir {
+            return Err(Error::NotDir);
+        }
+        check(caller, &dir, R)?;
+        let prefix = be64(ino);
+        let start = match cursor {
+            Some(c) => {
+                let mut k = dentry_key(ino, c);
+                k.push(0); // strictly after the cursor name
+                k
+            }
+            None => prefix.to_vec(),
+        };
+        let mut entries = Vec::new();
+        let mut more = false;
+        let it = self.db.iterator_cf(self.cf(CF_DENTRIES), IteratorMode::From(&start, Direction::Forward));
+        for kv in it {
+            let (k, v) = kv?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            if entries.len() >= max.max(1) {
+                more = true;
+                break;
+            }
+            let (child, kind) = decode_dentry(&v)?;
+            entries.push(DirEntry { name: k[8..].to_vec(), ino: child, kind });
+        }
+        let next_cursor = if more { entries.last().map(|e| e.name.clone()) } else { None };
+        Ok(DirPage { entries, next_cursor })
+    }
+
+    /// Reads up to `len` bytes at `offset`; short only at end of file.
+    pub fn read(&self, caller: &Caller, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let rec = self.load(ino)?;
+        match rec.kind {
+            FileKind::File => {}
+            FileKind::Dir => return Err(Error::IsDir),
+            FileKind::Symlink => return Err(Error::InvalidArgument("read of a symlink".into())),
+        }
+        check(caller, &rec, R)?;
+        let buf = self.buffer_of(ino);
+        let guard = buf.as_ref().map(|b| b.lock());
+        // Reload under the buffer lock: a flush may have committed meanwhile.
+        let rec = if guard.is_some() { self.load(ino)? } else { rec };
+        let size = match &guard {
+            Some(b) if !b.is_empty() => rec.size.max(b.size),
+            _ => rec.size,
+        };
+        if offset >= size || len == 0 {
+            return Ok(Vec::new());
+        }
+        let end = size.min(offset.saturating_add(len as u64));
+        let mut out = self.read_committed(ino, &rec, offset, (end - offset) as usize)?;
+        if let Some(b) = &guard {
+            b.overlay(offset, &mut out);
+        }
+        Ok(out)
+    }
+
+    /// Reads committed data (extents or inline), zeros for holes.
+    pub(crate) fn read_committed(&self, ino: Ino, rec: &InodeRec, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; len];
+        let end = offset + len as u64;
+        match rec.storage {
+            Storage::Inline => {
+                if let Some(v) = self.db.get_cf(self.cf(CF_INLINE), be64(ino))? {
+                    let a = (offset as usize).min(v.len());
+                    let b = (end as usize).min(v.len());
+                    out[..b - a].copy_from_slice(&v[a..b]);
+                }
+            }
+            Storage::Extents => {
+                for (eoff, ext) in self.extents_overlapping(ino, offset, end)? {
+                    let a = eoff.max(offset);
+                    let b = (eoff + ext.len).min(end);
+                    let stripe = self.load_stripe(ext.stripe_id)?;
+                    let bytes = self.data.read_range(&stripe, ext.stripe_offset + (a - eoff), (b - a) as usize)?;
+                    out[(a - offset) as usize..(b - offset) as usize].copy_from_slice(&bytes);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Extents of `ino` overlapping [from, to), in offset order.
+    pub(crate) fn extents_overlapping(&self, ino: Ino, from: u64, to: u64) -> Result<Vec<(u64, ExtentRec)>> {
+        let cf = self.cf(CF_EXTENTS);
+        let mut out = Vec::new();
+        // The extent starting at or before `from` may reach into the range.
+        let mut it = self.db.raw_iterator_cf(cf);
+        it.seek_for_prev(extent_key(ino, from));
+        if it.valid() {
+            if let (Some(k), Some(v)) = (it.key(), it.value()) {
+                if read_be64(k)? == ino {
+                    let off = read_be64(&k[8..])?;
+                    let e = ExtentRec::decode(v)?;
+                    if off + e.len > from {
+                        out.push((off, e));
+                    }
+                }
+            }
+        }
+        it.seek(extent_key(ino, from.saturating_add(if out.is_empty() { 0 } else { 1 })));
+        if out.is_empty() {
+            it.seek(extent_key(ino, from));
+        }
+        while it.valid() {
+            let (Some(k), Some(v)) = (it.key(), it.value()) else { break };
+            if read_be64(k)? != ino {
+                break;
+            }
+            let off = read_be64(&k[8..])?;
+            if off >= to {
+                break;
+            }
+            if out.last().is_none_or(|(o, _)| *o < off) {
+                out.push((off, ExtentRec::decode(v)?));
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(out)
+    }
+
+    pub fn statfs(&self, _caller: &Caller) -> Result<StatFs> {
+        let alloc = self.data.alloc.lock();
+        let (raw_total, raw_free) = alloc.iter().fold((0, 0), |(t, f), a| (t + a.capacity, f + a.free_bytes()));
+        let pool = &self.data.pools[0];
+        let frac = |v: u64| v / (pool.k + pool.m) as u64 * pool.k as u64;
+        Ok(StatFs {
+            total_bytes: frac(raw_total),
+            free_bytes: frac(raw_free),
+            files: self.files.load(Ordering::Relaxed),
+            raw_total_bytes: raw_total,
+            raw_free_bytes: raw_free,
+            name_bytes_max: NAME_BYTES_MAX as u32,
+        })
+    }
+
+    pub fn getxattr(&self, caller: &Caller, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        let rec = self.load(ino)?;
+        check(caller, &rec, R)?;
+        self.db.get_cf(self.cf(CF_XATTRS), xattr_key(ino, name))?.ok_or(Error::NotFound)
+    }
+
+    pub fn listxattr(&self, caller: &Caller, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        let rec = self.load(ino)?;
+        check(caller, &rec, R)?;
+        let prefix = be64(ino);
+        let mut out = Vec::new();
+        for kv in self.db.iterator_cf(self.cf(CF_XATTRS), IteratorMode::From(&prefix, Direction::Forward)) {
+            let (k, _) = kv?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            out.push(k[8..].to_vec());
+        }
+        Ok(out)
+    }
+
+    /// Subscribes to change events (committed mutations). A slow subscriber that falls
+    /// more than 4096 events behind gets a Lagged error and must resynchronise.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<ChangeEvent> {
+        self.events.subscribe()
+    }
+
+    // ---------------------------------------------------------------- mutations
+
+    fn alloc_ino(&self) -> Ino {
+        self.next_ino.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn alloc_stripe_id(&self) -> u64 {
+        self.next_stripe.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Applies one command as one write batch; `durable` syncs the metadata log first.
+    pub(crate) fn execute(&self, cmd: Command, durable: bool) -> Result<Option<Attr>> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Unavailable("engine is shut down".into()));
+        }
+        let mark = self.data.pending_mark();
+        let (applied, freed) = {
+            let _g = self.mutate.lock();
+            let mut batch = WriteBatch::default();
+            let mut freed = Vec::new();
+            let applied = self.apply(&cmd, &mut batch, &mut freed)?;
+            let mut wo = WriteOptions::default();
+            wo.set_sync(durable);
+            self.db.write_opt(batch, &wo)?;
+            (applied, freed)
+        };
+        for s in &freed {
+            self.data.free_after_sync(s);
+        }
+        if durable {
+            self.data.release_pending(mark);
+        }
+        for e in applied.events {
+            let _ = self.events.send(e);
+        }
+        Ok(applied.attr)
+    }
+
+    /// Makes all committed metadata durable and releases freed blocks.
+    pub fn sync_metadata(&self) -> Result<()> {
+        let _g = self.sync_lock.lock();
+        let mark = self.data.pending_mark();
+        self.db.flush_wal(true)?;
+        self.data.release_pending(mark);
+        Ok(())
+    }
+
+    fn start_sync_thread(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let interval = Duration::from_millis(self.cfg.wal_sync_interval_ms.max(10));
+        let h = std::thread::Builder::new()
+            .name("aquifer-walsync".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(interval);
+                    let Some(e) = weak.upgrade() else { return };
+                    if e.closed.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if let Err(err) = e.sync_metadata() {
+                        tracing::error!("periodic metadata sync: {err}");
+                    }
+                }
+            })
+            .expect("spawn metadata sync thread");
+        *self.sync_thread.lock() = Some(h);
+    }
+
+    fn put_inode(&self, batch: &mut WriteBatch, ino: Ino, rec: &InodeRec) {
+        batch.put_cf(self.cf(CF_INODES), be64(ino), rec.encode());
+    }
+
+    fn apply(&self, cmd: &Command, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>) -> Result<Applied> {
+        match cmd {
+            Command::Create { caller, parent, name, kind, mode, ino, generation, now, target, exclusive, orphan } => {
+                let mut dir = self.load(*parent)?;
+                if dir.kind != FileKind::Dir {
+                    return Err(Error::NotDir);
+                }
+                if !orphan {
+                    validate_name(name)?;
+                    check(caller, &dir, W | X)?;
+                    if let Some((existing, ekind)) = self.load_dentry(*parent, name)? {
+                        if *exclusive || *kind != FileKind::File || ekind != FileKind::File {
+                            return Err(Error::Exists);
+                        }
+                        let rec = self.load(existing)?;
+                        return Ok(Applied { attr: Some(attr_of(existing, &rec)), events: vec![] });
+                    }
+                } else {
+                    check(caller, &dir, W | X)?;
+                }
+                let mut m = mode & 0o7777;
+                let gid = if dir.mode & 0o2000 != 0 { dir.gid } else { caller.gid };
+                if *kind == FileKind::Dir && dir.mode & 0o2000 != 0 {
+                    m |= 0o2000;
+                }
+                if *kind == FileKind::File && caller.uid != 0 && !caller.in_group(gid) {
+                    m &= !0o2000;
+                }
+                let rec = InodeRec {
+                    kind: *kind,
+                    mode: if *kind == FileKind::Symlink { 0o777 } else { m },
+                    uid: caller.uid,
+                    gid,
+                    nlink: if *kind == FileKind::Dir { 2 } else { 1 },
+                    size: if *kind == FileKind::Symlink { target.len() as u64 } else { 0 },
+                    atime_ns: *now,
+                    mtime_ns: *now,
+                    ctime_ns: *now,
+                    btime_ns: *now,
+                    version: 1,
+                    generation: *generation,
+                    storage: Storage::Inline,
+                    parent: if *kind == FileKind::Dir { *parent } else { 0 },
+                    target: target.clone(),
+                    stored_bytes: 0,
+                };
+                self.put_inode(batch, *ino, &rec);
+                batch.put_cf(self.cf(CF_SYSTEM), KEY_NEXT_INO, be64(self.next_ino.load(Ordering::Relaxed).max(ino + 1)));
+                let files = self.files.fetch_add(1, Ordering::Relaxed) + 1;
+                batch.put_cf(self.cf(CF_SYSTEM), KEY_FILES, be64(files));
+                let mut events = vec![];
+                if *orphan {
+                    batch.put_cf(self.cf(CF_ORPHANS), be64(*ino), be64(*now as u64));
+                } else {
+                    batch.put_cf(self.cf(CF_DENTRIES), dentry_key(*parent, name), encode_dentry(*ino, *kind));
+                    if *kind == FileKind::Dir {
+                        dir.nlink += 1;
+                    }
+                    dir.mtime_ns = *now;
+                    dir.ctime_ns = *now;
+                    dir.version += 1;
+                    self.put_inode(batch, *parent, &dir);
+                    events.push(ChangeEvent {
+                        ino: *ino,
+                        version: 1,
+                        kind: ChangeKind::Created { parent: *parent, name: name.clone() },
+                    });
+                }
+                Ok(Applied { attr: Some(attr_of(*ino, &rec)), events })
+            }
+            Command::Link { caller, ino, parent, name, now } => {
+                validate_name(name)?;
+                let mut dir = self.load(*parent)?;
+                if dir.kind != FileKind::Dir {
+                    return Err(Error::NotDir);
+                }
+                check(caller, &dir, W | X)?;
+                let mut rec = self.load(*ino)?;
+                if rec.kind == FileKind::Dir {
+                    return Err(Error::PermissionDenied);
+                }
+                if rec.nlink == 0 {
+                    return Err(Error::NotFound);
+                }
+                if rec.nlink >= LINKS_MAX {
+                    return Err(Error::TooManyLinks);
+                }
+                if self.load_dentry(*parent, name)?.is_some() {
+                    return Err(Error::Exists);
+                }
+                rec.nlink += 1;
+                rec.ctime_ns = *now;
+                rec.version += 1;
+                self.put_inode(batch, *ino, &rec);
+                batch.put_cf(self.cf(CF_DENTRIES), dentry_key(*parent, name), encode_dentry(*ino, rec.kind));
+                dir.mtime_ns = *now;
+                dir.ctime_ns = *now;
+                dir.version += 1;
+                self.put_inode(batch, *parent, &dir);
+                Ok(Applied {
+                    attr: Some(attr_of(*ino, &rec)),
+                    events: vec![ChangeEvent { ino: *ino, version: rec.version, kind: ChangeKind::Created { parent: *parent, name: name.clone() } }],
+                })
+            }
+            Command::Unlink { caller, parent, name, dir: want_dir, now } => {
+                validate_name(name)?;
+                let mut dir = self.load(*parent)?;
+                if dir.kind != FileKind::Dir {
+                    return Err(Error::NotDir);
+                }
+                check(caller, &dir, W | X)?;
+                let (ino, kind) = self.load_dentry(*parent, name)?.ok_or(Error::NotFound)?;
+                let victim = self.load(ino)?;
+                if !sticky_ok(caller, &dir, &victim) {
+                    return Err(Error::PermissionDenied);
+                }
+                match (kind == FileKind::Dir, want_dir) {
+                    (true, false) => return Err(Error::IsDir),
+                    (false, true) => return Err(Error::NotDir),
+                    _ => {}
+                }
+                if kind == FileKind::Dir {
+                    if self.dir_has_entries(ino)? {
+                        return Err(Error::NotEmpty);
+                    }
+                    dir.nlink -= 1;
+                }
+                batch.delete_cf(self.cf(CF_DENTRIES), dentry_key(*parent, name));
+                self.drop_link(batch, freed, ino, victim, *now)?;
+                dir.mtime_ns = *now;
+                dir.ctime_ns = *now;
+                dir.version += 1;
+                self.put_inode(batch, *parent, &dir);
+                Ok(Applied {
+                    attr: None,
+                    events: vec![ChangeEvent { ino, version: 0, kind: ChangeKind::Removed { parent: *parent, name: name.clone() } }],
+                })
+            }
+            Command::Rename { caller, from_parent, from_name, to_parent, to_name, now } => {
+                self.apply_rename(caller, *from_parent, from_name, *to_parent, to_name, *now, batch, freed)
+            }
+            Command::Publish { caller, ino, parent, name, now } => {
+                validate_name(name)?;
+                let mut dir = self.load(*parent)?;
+                if dir.kind != FileKind::Dir {
+                    return Err(Error::NotDir);
+                }
+                check(caller, &dir, W | X)?;
+                let mut rec = self.load(*ino)?;
+                if let Some((old, okind)) = self.load_dentry(*parent, name)? {
+                    if okind == FileKind::Dir {
+                        return Err(Error::IsDir);
+                    }
+                    let victim = self.load(old)?;
+                    if !sticky_ok(caller, &dir, &victim) {
+                        return Err(Error::PermissionDenied);
+                    }
+                    self.drop_link(batch, freed, old, victim, *now)?;
+                }
+                batch.delete_cf(self.cf(CF_ORPHANS), be64(*ino));
+                batch.put_cf(self.cf(CF_DENTRIES), dentry_key(*parent, name), encode_dentry(*ino, rec.kind));
+                rec.ctime_ns = *now;
+                rec.version += 1;
+                self.put_inode(batch, *ino, &rec);
+                dir.mtime_ns = *now;
+                dir.ctime_ns = *now;
+                dir.version += 1;
+                self.put_inode(batch, *parent, &dir);
+                Ok(Applied {
+                    attr: Some(attr_of(*ino, &rec)),
+                    events: vec![ChangeEvent { ino: *ino, version: rec.version, kind: ChangeKind::Created { parent: *parent, name: name.clone() } }],
+                })
+            }
+            Command::SetAttr { caller, ino, set, now } => self.apply_setattr(caller, *ino, set, *now, batch, freed),
+            Command::WriteExtents { ino, extents, inline, size_at_least, now } => {
+                let mut rec = self.load(*ino)?;
+                if rec.kind != FileKind::File {
+                    return Err(Error::IsDir);
+                }
+                if let Some(data) = inline {
+                    debug_assert!(extents.is_empty());
+                    rec.stored_bytes = data.len() as u64;
+                    batch.put_cf(self.cf(CF_INLINE), be64(*ino), data);
+                } else if !extents.is_empty() {
+                    if rec.storage == Storage::Inline {
+                        // The writer merged the inline bytes into its extents.
+                        batch.delete_cf(self.cf(CF_INLINE), be64(*ino));
+                        rec.stored_bytes = 0;
+                        rec.storage = Storage::Extents;
+                    }
+                    let new: Vec<(u64, u64, u64)> =
+                        extents.iter().map(|(off, id, s)| (*off, s.data_len, *id)).collect();
+                    let delta = self.replace_ranges(batch, freed, *ino, &new)?;
+                    for (_, id, s) in extents {
+                        let mut s = s.clone();
+                        s.refs = 1;
+                        batch.put_cf(self.cf(CF_STRIPES), be64(*id), s.encode());
+                    }
+                    rec.stored_bytes = (rec.stored_bytes as i64 + delta) as u64;
+                }
+                rec.size = rec.size.max(*size_at_least);
+                rec.mtime_ns = *now;
+                rec.ctime_ns = *now;
+                rec.version += 1;
+                self.put_inode(batch, *ino, &rec);
+                Ok(Applied {
+                    attr: Some(attr_of(*ino, &rec)),
+                    events: vec![ChangeEvent { ino: *ino, version: rec.version, kind: ChangeKind::Data }],
+                })
+            }
+            Command::Concat { ino, parts, now } => {
+                let mut rec = self.load(*ino)?;
+                if rec.kind != FileKind::File || rec.storage != Storage::Extents || rec.size != 0 {
+                    return Err(Error::InvalidArgument("concatenation target must be an empty extent file".into()));
+                }
+                let mut pos = 0u64;
+                for part in parts {
+                    let prec = self.load(*part)?;
+                    match prec.storage {
+                        Storage::Extents => {
+                            for (off, e) in self.extents_overlapping(*part, 0, u64::MAX)? {
+                                batch.put_cf(self.cf(CF_EXTENTS), extent_key(*ino, pos + off), e.encode());
+                                batch.delete_cf(self.cf(CF_EXTENTS), extent_key(*part, off));
+                            }
+                        }
+                        Storage::Inline => {
+                            return Err(Error::InvalidArgument("inline part cannot be concatenated".into()));
+                        }
+                    }
+                    pos += prec.size;
+                    rec.stored_bytes += prec.stored_bytes;
+                    batch.delete_cf(self.cf(CF_INODES), be64(*part));
+                    batch.delete_cf(self.cf(CF_ORPHANS), be64(*part));
+                    batch.delete_cf(self.cf(CF_XATTRS), be64(*part)); // none on parts
+                }
+                let files = self.files.fetch_sub(parts.len() as u64, Ordering::Relaxed) - parts.len() as u64;
+                batch.put_cf(self.cf(CF_SYSTEM), KEY_FILES, be64(files));
+                rec.size = pos;
+                rec.mtime_ns = *now;
+                rec.ctime_ns = *now;
+                rec.version += 1;
+                self.put_inode(batch, *ino, &rec);
+                Ok(Applied { attr: Some(attr_of(*ino, &rec)), events: vec![] })
+            }
+            Command::SetXattr { caller, ino, name, value, now } => {
+                if name.is_empty() || name.len() > XATTR_NAME_BYTES_MAX || name.contains(&0) {
+                    return Err(Error::InvalidArgument("extended attribute name must be 1-255 bytes without NUL".into()));
+                }
+                let mut rec = self.load(*ino)?;
+                if caller.uid != 0 && caller.uid != rec.uid {
+                    check(caller, &rec, W)?;
+                }
+                let key = xattr_key(*ino, name);
+                match value {
+                    Some(v) => {
+                        if v.len() > XATTR_VALUE_BYTES_MAX {
+                            return Err(Error::InvalidArgument("extended attribute value over 64 KiB".into()));
+                        }
+                        batch.put_cf(self.cf(CF_XATTRS), key, v);
+                    }
+                    None => {
+                        if self.db.get_cf(self.cf(CF_XATTRS), &key)?.is_none() {
+                            return Err(Error::NotFound);
+                        }
+                        batch.delete_cf(self.cf(CF_XATTRS), key);
+                    }
+                }
+                rec.ctime_ns = *now;
+                rec.version += 1;
+                self.put_inode(batch, *ino, &rec);
+                Ok(Applied {
+                    attr: Some(attr_of(*ino, &rec)),
+                    events: vec![ChangeEvent { ino: *ino, version: rec.version, kind: ChangeKind::Attr }],
+                })
+            }
+            Command::DeleteOrphan { ino } => {
+                if self.db.get_cf(self.cf(CF_ORPHANS), be64(*ino))?.is_none() {
+                    return Err(Error::NotFound);
+                }
+                batch.delete_cf(self.cf(CF_ORPHANS), be64(*ino));
+                if let Ok(rec) = self.load(*ino) {
+                    self.drop_link(batch, freed, *ino, InodeRec { nlink: 1, ..rec }, 0)?;
+                }
+                Ok(Applied { attr: None, events: vec![] })
+            }
+        }
+    }
+
+    fn dir_has_entries(&self, ino: Ino) -> Result<bool> {
+        let prefix = be64(ino);
+        let mut it = self.db.raw_iterator_cf(self.cf(CF_DENTRIES));
+        it.seek(prefix);
+        Ok(it.valid() && it.key().is_some_and(|k| k.starts_with(&prefix)))
+    }
+
+    /// Removes one link to `ino`; at zero links deletes the inode and its data.
+    fn drop_link(&self, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, ino: Ino, mut rec: InodeRec, now: i64) -> Result<()> {
+        let last = rec.kind == FileKind::Dir || rec.nlink <= 1;
+        if !last {
+            rec.nlink -= 1;
+            rec.ctime_ns = now;
+            rec.version += 1;
+            self.put_inode(batch, ino, &rec);
+            return Ok(());
+        }
+        batch.delete_cf(self.cf(CF_INODES), be64(ino));
+        batch.delete_cf(self.cf(CF_INLINE), be64(ino));
+        let prefix = be64(ino);
+        for kv in self.db.iterator_cf(self.cf(CF_XATTRS), IteratorMode::From(&prefix, Direction::Forward)) {
+            let (k, _) = kv?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            batch.delete_cf(self.cf(CF_XATTRS), k);
+        }
+        if rec.storage == Storage::Extents {
+            self.replace_ranges(batch, freed, ino, &[(0, u64::MAX, 0)])?;
+        }
+        let files = self.files.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+        batch.put_cf(self.cf(CF_SYSTEM), KEY_FILES, be64(files));
+        self.buffers.lock().remove(&ino);
+        Ok(())
+    }
+
+    /// Rewrites the extent map of `ino` so that each (offset, len, stripe) in `new` covers
+    /// its range (stripe 0 = punch a hole). Existing extents are trimmed or split; stripes
+    /// whose reference count drops to zero are deleted and returned in `freed`. Returns the
+    /// change of `stored_bytes`.
+    fn replace_ranges(&self, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, ino: Ino, new: &[(u64, u64, u64)]) -> Result<i64> {
+        let lo = new.iter().map(|n| n.0).min().unwrap_or(0);
+        let hi = new.iter().map(|n| n.0.saturating_add(n.1)).max().unwrap_or(0);
+        let existing = self.extents_overlapping(ino, lo, hi)?;
+        let mut pieces: Vec<Piece> = existing
+            .iter()
+            .map(|(off, e)| Piece { off: *off, len: e.len, stripe: e.stripe_id, stripe_off: e.stripe_offset })
+            .collect();
+        for &(noff, nlen, _) in new {
+            let nend = noff.saturating_add(nlen);
+            let mut next = Vec::with_capacity(pieces.len() + 1);
+            for p in pieces {
+                let pend = p.off + p.len;
+                if pend <= noff || p.off >= nend {
+                    next.push(p);
+                    continue;
+                }
+                if p.off < noff {
+                    next.push(Piece { len: noff - p.off, ..p });
+                }
+                if pend > nend {
+                    next.push(Piece { off: nend, len: pend - nend, stripe: p.stripe, stripe_off: p.stripe_off + (nend - p.off) });
+                }
+            }
+            pieces = next;
+        }
+        let mut refs: HashMap<u64, i64> = HashMap::new();
+        let mut delta = 0i64;
+        for (off, e) in &existing {
+            batch.delete_cf(self.cf(CF_EXTENTS), extent_key(ino, *off));
+            *refs.entry(e.stripe_id).or_default() -= 1;
+            delta -= e.len as i64;
+        }
+        for p in &pieces {
+            let e = ExtentRec { len: p.len, stripe_id: p.stripe, stripe_offset: p.stripe_off };
+            batch.put_cf(self.cf(CF_EXTENTS), extent_key(ino, p.off), e.encode());
+            *refs.entry(p.stripe).or_default() += 1;
+            delta += p.len as i64;
+        }
+        for &(noff, nlen, stripe) in new {
+            if stripe == 0 {
+                continue;
+            }
+            let e = ExtentRec { len: nlen, stripe_id: stripe, stripe_offset: 0 };
+            batch.put_cf(self.cf(CF_EXTENTS), extent_key(ino, noff), e.encode());
+            delta += nlen as i64;
+        }
+        for (id, d) in refs {
+            if d == 0 {
+                continue;
+            }
+            let mut s = self.load_stripe(id)?;
+            let r = s.refs as i64 + d;
+            assert!(r >= 0, "stripe {id} reference count below zero");
+            if r == 0 {
+                batch.delete_cf(self.cf(CF_STRIPES), be64(id));
+                freed.push(s);
+            } else {
+                s.refs = r as u32;
+                batch.put_cf(self.cf(CF_STRIPES), be64(id), s.encode());
+            }
+        }
+        Ok(delta)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply_rename(&self, caller: &Caller, fp: Ino, fname: &[u8], tp: Ino, tname: &[u8], now: i64, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>) -> Result<Applied> {
+        validate_name(fname)?;
+        validate_name(tname)?;
+        let mut fdir = self.load(fp)?;
+        let mut tdir = if tp == fp { fdir.clone() } else { self.load(tp)? };
+        if fdir.kind != FileKind::Dir || tdir.kind != FileKind::Dir {
+            return Err(Error::NotDir);
+        }
+        check(caller, &fdir, W | X)?;
+        check(caller, &tdir, W | X)?;
+        let (src, skind) = self.load_dentry(fp, fname)?.ok_or(Error::NotFound)?;
+        let mut srec = self.load(src)?;
+        if !sticky_ok(caller, &fdir, &srec) {
+            return Err(Error::PermissionDenied);
+        }
+        let target = self.load_dentry(tp, tname)?;
+        if let Some((t, _)) = target {
+            if t == src {
+                return Ok(Applied { attr: Some(attr_of(src, &srec)), events: vec![] });
+            }
+        }
+        if skind == FileKind::Dir {
+            // A directory may not move below itself.
+            let mut cur = tp;
+            loop {
+                if cur == src {
+                    return Err(Error::InvalidArgument("cannot move a directory below itself".into()));
+                }
+                if cur == ROOT_INO {
+                    break;
+                }
+                let r = self.load(cur)?;
+                if r.parent == 0 || r.parent == cur {
+                    break;
+                }
+                cur = r.parent;
+            }
+            if tp != fp && caller.uid != 0 {
+                // Moving a directory rewrites its ".." entry.
+                check(caller, &srec, W)?;
+            }
+        }
+        let same_dir = fp == tp;
+        if let Some((t, tkind)) = target {
+            let trec = self.load(t)?;
+            if !sticky_ok(caller, &tdir, &trec) {
+                return Err(Error::PermissionDenied);
+            }
+            match (skind == FileKind::Dir, tkind == FileKind::Dir) {
+                (true, false) => return Err(Error::NotDir),
+                (false, true) => return Err(Error::IsDir),
+                (true, true) => {
+                    if self.dir_has_entries(t)? {
+                        return Err(Error::NotEmpty);
+                    }
+                    tdir.nlink -= 1;
+                }
+                _ => {}
+            }
+            self.drop_link(batch, freed, t, trec, now)?;
+        }
+        batch.delete_cf(self.cf(CF_DENTRIES), dentry_key(fp, fname));
+        batch.put_cf(self.cf(CF_DENTRIES), dentry_key(tp, tname), encode_dentry(src, skind));
+        if skind == FileKind::Dir && !same_dir {
+            srec.parent = tp;
+            fdir.nlink -= 1;
+            tdir.nlink += 1;
+        }
+        srec.ctime_ns = now;
+        srec.version += 1;
+        self.put_inode(batch, src, &srec);
+        if same_dir {
+            // One directory: `tdir` is the up-to-date copy (it lost a replaced subdirectory).
+            let mut d = tdir;
+            d.mtime_ns = now;
+            d.ctime_ns = now;
+            d.version += 1;
+            self.put_inode(batch, fp, &d);
+        } else {
+            for (ino, d) in [(fp, &mut fdir), (tp, &mut tdir)] {
+                d.mtime_ns = now;
+                d.ctime_ns = now;
+                d.version += 1;
+                self.put_inode(batch, ino, d);
+            }
+        }
+        Ok(Applied {
+            attr: Some(attr_of(src, &srec)),
+            events: vec![ChangeEvent {
+                ino: src,
+                version: srec.version,
+                kind: ChangeKind::Renamed { from_parent: fp, from_name: fname.to_vec(), to_parent: tp, to_name: tname.to_vec() },
+            }],
+        })
+    }
+
+    fn apply_setattr(&self, caller: &Caller, ino: Ino, set: &SetAttr, now: i64, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>) -> Result<Applied> {
+        let mut rec = self.load(ino)?;
+        let owner = caller.uid == 0 || caller.uid == rec.uid;
+        if let Some(mode) = set.mode {
+            if !owner {
+                return Err(Error::PermissionDenied);
+            }
+            let mut m = mode & 0o7777;
+            if caller.uid != 0 && rec.kind == FileKind::File && !caller.in_group(rec.gid) {
+                m &= !0o2000;
+            }
+            if rec.kind != FileKind::Symlink {
+                rec.mode = m;
+            }
+        }
+        let uid_change = set.uid.is_some_and(|u| u != rec.uid);
+        let gid_change = set.gid.is_some_and(|g| g != rec.gid);
+        if uid_change && caller.uid != 0 {
+            return Err(Error::PermissionDenied);
+        }
+        if gid_change && caller.uid != 0 && !(caller.uid == rec.uid && caller.in_group(set.gid.unwrap_or(0))) {
+            return Err(Error::PermissionDenied);
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            if (set.uid.is_some() || set.gid.is_some()) && caller.uid != 0 && !owner {
+                return Err(Error::PermissionDenied);
+            }
+            if let Some(u) = set.uid {
+                rec.uid = u;
+            }
+            if let Some(g) = set.gid {
+                rec.gid = g;
+            }
+            if rec.kind == FileKind::File && (uid_change || gid_change || caller.uid != 0) {
+                // As on Linux: a change of owner drops setuid, and setgid of group-executable files.
+                rec.mode &= !0o4000;
+                if rec.mode & 0o010 != 0 {
+                    rec.mode &= !0o2000;
+                }
+            }
+        }
+        if let Some(size) = set.size {
+            match rec.kind {
+                FileKind::Dir => return Err(Error::IsDir),
+                FileKind::Symlink => return Err(Error::InvalidArgument("truncate of a symlink".into())),
+                FileKind::File => {}
+            }
+            check(caller, &rec, W)?;
+            if size > FILE_BYTES_MAX {
+                return Err(Error::FileTooLarge);
+            }
+            if size < rec.size {
+                match rec.storage {
+                    Storage::Inline => {
+                        if let Some(mut v) = self.db.get_cf(self.cf(CF_INLINE), be64(ino))? {
+                            if v.len() as u64 > size {
+                                v.truncate(size as usize);
+                                rec.stored_bytes = v.len() as u64;
+                                batch.put_cf(self.cf(CF_INLINE), be64(ino), v);
+                            }
+                        }
+                    }
+                    Storage::Extents => {
+                        let d = self.replace_ranges(batch, freed, ino, &[(size, u64::MAX - size, 0)])?;
+                        rec.stored_bytes = (rec.stored_bytes as i64 + d) as u64;
+                    }
+                }
+            }
+            if size != rec.size {
+                rec.size = size;
+                rec.mtime_ns = now;
+            }
+        }
+        for (which, t) in [(0, set.atime), (1, set.mtime)] {
+            let Some(t) = t else { continue };
+            match t {
+                TimeSet::Now => {
+                    if !owner && !may(caller, &rec, W) {
+                        return Err(Error::PermissionDenied);
+                    }
+                }
+                TimeSet::At(_) => {
+                    if !owner {
+                        return Err(Error::PermissionDenied);
+                    }
+                }
+            }
+            let v = match t {
+                TimeSet::Now => now,
+                TimeSet::At(v) => v,
+            };
+            if which == 0 { rec.atime_ns = v } else { rec.mtime_ns = v }
+        }
+        rec.ctime_ns = now;
+        rec.version += 1;
+        self.put_inode(batch, ino, &rec);
+        Ok(Applied { attr: Some(attr_of(ino, &rec)), events: vec![ChangeEvent { ino, version: rec.version, kind: ChangeKind::Attr }] })
+    }
+
+    // ---------------------------------------------------------------- public mutations
+
+    fn create_node(&self, caller: &Caller, parent: Ino, name: &[u8], kind: FileKind, mode: u32, target: Vec<u8>, exclusive: bool) -> Result<Attr> {
+        let cmd = Command::Create {
+            caller: caller.clone(),
+            parent,
+            name: name.to_vec(),
+            kind,
+            mode,
+            ino: self.alloc_ino(),
+            generation: rand::random(),
+            now: self.now(),
+            target,
+            exclusive,
+            orphan: false,
+        };
+        Ok(self.execute(cmd, false)?.expect("create returns attributes"))
+    }
+
+    /// Creates a regular file. With `exclusive` false an existing regular file is returned
+    /// unchanged (the caller truncates if it wants to).
+    pub fn create(&self, caller: &Caller, parent: Ino, name: &[u8], mode: u32, exclusive: bool) -> Result<Attr> {
+        self.create_node(caller, parent, name, FileKind::File, mode, vec![], exclusive)
+    }
+
+    pub fn mkdir(&self, caller: &Caller, parent: Ino, name: &[u8], mode: u32) -> Result<Attr> {
+        self.create_node(caller, parent, name, FileKind::Dir, mode, vec![], true)
+    }
+
+    pub fn symlink(&self, caller: &Caller, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr> {
+        if target.is_empty() || target.len() > SYMLINK_TARGET_BYTES_MAX || target.contains(&0) {
+            return Err(Error::InvalidArgument("symlink target must be 1-4096 bytes without NUL".into()));
+        }
+        self.create_node(caller, parent, name, FileKind::Symlink, 0o777, target.to_vec(), true)
+    }
+
+    pub fn link(&self, caller: &Caller, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+        self.flush(ino, false)?;
+        let cmd = Command::Link { caller: caller.clone(), ino, parent, name: name.to_vec(), now: self.now() };
+        Ok(self.execute(cmd, false)?.expect("link returns attributes"))
+    }
+
+    pub fn unlink(&self, caller: &Caller, parent: Ino, name: &[u8]) -> Result<()> {
+        let cmd = Command::Unlink { caller: caller.clone(), parent, name: name.to_vec(), dir: false, now: self.now() };
+        self.execute(cmd, false).map(|_| ())
+    }
+
+    pub fn rmdir(&self, caller: &Caller, parent: Ino, name: &[u8]) -> Result<()> {
+        let cmd = Command::Unlink { caller: caller.clone(), parent, name: name.to_vec(), dir: true, now: self.now() };
+        self.execute(cmd, false).map(|_| ())
+    }
+
+    /// Atomic rename, also across directories; replaces a file or an empty directory.
+    pub fn rename(&self, caller: &Caller, from_parent: Ino, from_name: &[u8], to_parent: Ino, to_name: &[u8]) -> Result<()> {
+        let cmd = Command::Rename {
+            caller: caller.clone(),
+            from_parent,
+            from_name: from_name.to_vec(),
+            to_parent,
+            to_name: to_name.to_vec(),
+            now: self.now(),
+        };
+        self.execute(cmd, false).map(|_| ())
+    }
+
+    pub fn setattr(&self, caller: &Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
+        if set.size.is_some() {
+            // Truncation applies to flushed data; buffered bytes past the new end must not
+            // reappear later.
+            let rec = self.load(ino)?;
+            if rec.kind == FileKind::File {
+                check(caller, &rec, W)?;
+                self.flush(ino, false)?;
+            }
+        }
+        let cmd = Command::SetAttr { caller: caller.clone(), ino, set, now: self.now() };
+        let attr = self.execute(cmd, false)?.expect("setattr returns attributes");
+        Ok(attr)
+    }
+
+    pub fn setxattr(&self, caller: &Caller, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
+        let cmd = Command::SetXattr { caller: caller.clone(), ino, name: name.to_vec(), value: Some(value.to_vec()), now: self.now() };
+        self.execute(cmd, false).map(|_| ())
+    }
+
+    pub fn removexattr(&self, caller: &Caller, ino: Ino, name: &[u8]) -> Result<()> {
+        let cmd = Command::SetXattr { caller: caller.clone(), ino, name: name.to_vec(), value: None, now: self.now() };
+        self.execute(cmd, false).map(|_| ())
+    }
+
+    /// Writes bytes at `offset`. Unstable writes collect in the file's write buffer; durable
+    /// ones return after the data and metadata are synced.
+    pub fn write(&self, caller: &Caller, ino: Ino, offset: u64, data: &[u8], stability: Stability) -> Result<Attr> {
+        let rec = self.load(ino)?;
+        match rec.kind {
+            FileKind::File => {}
+            FileKind::Dir => return Err(Error::IsDir),
+            FileKind::Symlink => return Err(Error::InvalidArgument("write to a symlink".into())),
+        }
+        check(caller, &rec, W)?;
+        if offset.checked_add(data.len() as u64).is_none_or(|e| e > FILE_BYTES_MAX) {
+            return Err(Error::FileTooLarge);
+        }
+        if !data.is_empty() {
+            let buf = {
+                let mut map = self.buffers.lock();
+                map.entry(ino).or_insert_with(|| Arc::new(Mutex::new(WriteBuffer::new(rec.size)))).clone()
+            };
+            let full = {
+                let mut b = buf.lock();
+                b.insert(offset, data, self.now());
+                b.bytes() >= self.cfg.write_buffer_bytes_max
+            };
+            if full {
+                self.flush_full_stripes(ino)?;
+            }
+        }
+        if stability == Stability::Durable {
+            self.commit(caller, ino)?;
+        }
+        self.getattr(caller, ino)
+    }
+
+    /// Flushes the write buffer and makes the file's data and metadata durable (fsync).
+    pub fn commit(&self, _caller: &Caller, ino: Ino) -> Result<()> {
+        self.flush(ino, true)?;
+        self.sync_metadata()
+    }
+
+    /// Flushes the write buffer without forcing durability (close).
+    pub fn close(&self, _caller: &Caller, ino: Ino) -> Result<()> {
+        self.flush(ino, false)
+    }
+
+    fn pool_of(&self, _ino: Ino) -> u16 {
+        0
+    }
+
+    /// Writes out whole stripes from the buffer, keeping a partial tail buffered.
+    fn flush_full_stripes(&self, ino: Ino) -> Result<()> {
+        let Some(buf) = self.buffer_of(ino) else { return Ok(()) };
+        let mut b = buf.lock();
+        let stripe = self.data.pools[self.pool_of(ino) as usize].stripe_data_max();
+        let segs = b.take_full(stripe as usize);
+        if segs.is_empty() {
+            // Many small scattered writes: write them all.
+            let all = b.take_all();
+            return self.write_segments(ino, all, b.size, false);
+        }
+        self.write_segments(ino, segs, b.size, false)
+    }
+
+    /// Writes every buffered byte of `ino` to stripes and commits the extents.
+    pub(crate) fn flush(&self, ino: Ino, durable: bool) -> Result<()> {
+        let Some(buf) = self.buffer_of(ino) else { return Ok(()) };
+        let mut b = buf.lock();
+        let segs = b.take_all();
+        let size = b.size;
+        let res = if segs.is_empty() { Ok(()) } else { self.write_segments(ino, segs, size, durable) };
+        if res.is_ok() && b.is_empty() {
+            drop(b);
+            let mut map = self.buffers.lock();
+            if map.get(&ino).is_some_and(|x| Arc::ptr_eq(x, &buf) && x.lock().is_empty()) {
+                map.remove(&ino);
+            }
+        }
+        res
+    }
+
+    /// Encodes buffered segments into stripes and commits them in one command. On error the
+    /// segments are lost from the buffer and the error is returned to the writer, which has
+    /// not been told the data is stable.
+    fn write_segments(&self, ino: Ino, segs: Vec<(u64, Vec<u8>)>, size: u64, durable: bool) -> Result<()> {
+        let rec = self.load(ino)?;
+        let end = segs.iter().map(|(o, d)| o + d.len() as u64).max().unwrap_or(0).max(size);
+        if rec.storage == Storage::Inline && end <= self.cfg.inline_bytes_max {
+            let mut data = self.db.get_cf(self.cf(CF_INLINE), be64(ino))?.unwrap_or_default();
+            let data_end = segs.iter().map(|(o, d)| o + d.len() as u64).max().unwrap_or(0);
+            if (data.len() as u64) < data_end {
+                data.resize(data_end as usize, 0);
+            }
+            for (o, d) in &segs {
+                data[*o as usize..*o as usize + d.len()].copy_from_slice(d);
+            }
+            let cmd = Command::WriteExtents { ino, extents: vec![], inline: Some(data), size_at_least: size, now: self.now() };
+            return self.execute(cmd, durable).map(|_| ());
+        }
+        let mut segs = segs;
+        if rec.storage == Storage::Inline {
+            // Moving out of metadata: the inline bytes become the first extent's data.
+            if let Some(old) = self.db.get_cf(self.cf(CF_INLINE), be64(ino))? {
+                let mut wb = WriteBuffer::new(0);
+                wb.insert(0, &old, 0);
+                for (o, d) in &segs {
+                    wb.insert(*o, d, 0);
+                }
+                segs = wb.take_all();
+            }
+        }
+        let pool = self.pool_of(ino);
+        let stripe_max = self.data.pools[pool as usize].stripe_data_max() as usize;
+        let mut extents = Vec::new();
+        let mut written = Vec::new();
+        for (off, d) in &segs {
+            for (i, chunk) in d.chunks(stripe_max).enumerate() {
+                match self.data.write_stripe(pool, chunk, durable) {
+                    Ok(s) => {
+                        let id = self.alloc_stripe_id();
+                        written.push(s.clone());
+                        extents.push((off + (i * stripe_max) as u64, id, s));
+                    }
+                    Err(e) => {
+                        for s in &written {
+                            self.data.free_now(s);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let cmd = Command::WriteExtents { ino, extents, inline: None, size_at_least: size, now: self.now() };
+        match self.execute(cmd, durable) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                for s in &written {
+                    self.data.free_now(s);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- objects (put-whole)
+
+    /// Starts an atomic whole-file write: an unnamed file in `parent` that `finish_put`
+    /// publishes under `name` (replacing what is there) and `abort_put` deletes. A crash
+    /// before publishing leaves nothing visible; the orphan is reclaimed at the next start.
+    pub fn begin_put(&self, caller: &Caller, parent: Ino, mode: u32) -> Result<Attr> {
+        let cmd = Command::Create {
+            caller: caller.clone(),
+            parent,
+            name: vec![],
+            kind: FileKind::File,
+            mode,
+            ino: self.alloc_ino(),
+            generation: rand::random(),
+            now: self.now(),
+            target: vec![],
+            exclusive: true,
+            orphan: true,
+        };
+        Ok(self.execute(cmd, false)?.expect("create returns attributes"))
+    }
+
+    /// Publishes a staged file under `name`, durably.
+    pub fn finish_put(&self, caller: &Caller, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+        self.flush(ino, true)?;
+        let cmd = Command::Publish { caller: caller.clone(), ino, parent, name: name.to_vec(), now: self.now() };
+        Ok(self.execute(cmd, true)?.expect("publish returns attributes"))
+    }
+
+    pub fn abort_put(&self, _caller: &Caller, ino: Ino) -> Result<()> {
+        self.buffers.lock().remove(&ino);
+        self.execute(Command::DeleteOrphan { ino }, false).map(|_| ())
+    }
+
+    /// Deletes unpublished files left by a crash (put-whole staging that never finished).
+    fn reclaim_orphans(&self) -> Result<()> {
+        let live = crate::objects::upload_parts(self)?;
+        let mut victims = Vec::new();
+        for kv in self.db.iterator_cf(self.cf(CF_ORPHANS), IteratorMode::Start) {
+            let (k, _) = kv?;
+            let ino = read_be64(&k)?;
+            if !live.contains(&ino) {
+                victims.push(ino);
+            }
+        }
+        for ino in &victims {
+            self.execute(Command::DeleteOrphan { ino: *ino }, false)?;
+        }
+        if !victims.is_empty() {
+            tracing::info!(count = victims.len(), "reclaimed unfinished uploads");
+        }
+        Ok(())
+    }
+
+    pub(crate) fn create_orphan(&self, caller: &Caller, parent: Ino) -> Result<Attr> {
+        self.begin_put(caller, parent, 0o644)
+    }
+
+    pub(crate) fn concat(&self, ino: Ino, parts: Vec<Ino>) -> Result<Attr> {
+        for p in &parts {
+            self.flush(*p, true)?;
+        }
+        Ok(self.execute(Command::Concat { ino, parts, now: self.now() }, true)?.expect("attributes"))
+    }
+
+    /// Marks an empty staged file as extent-stored (the target of a concatenation).
+    pub(crate) fn force_extents(&self, ino: Ino) -> Result<()> {
+        let _g = self.mutate.lock();
+        let mut rec = self.load(ino)?;
+        rec.storage = Storage::Extents;
+        let mut batch = WriteBatch::default();
+        self.put_inode(&mut batch, ino, &rec);
+        self.db.write(batch)?;
+        Ok(())
+    }
+
+    pub(crate) fn next_stripe_hint(&self) -> u64 {
+        self.next_stripe.load(Ordering::Relaxed)
+    }
+
+    // ---------------------------------------------------------------- drives, health
+
+    pub fn drives(&self) -> Vec<DriveInfo> {
+        let drives = self.data.drives.read();
+        let alloc = self.data.alloc.lock();
+        drives
+            .iter()
+            .map(|d| DriveInfo {
+                index: d.index,
+                path: d.path.clone(),
+                uuid: uuid::Uuid::from_bytes(d.uuid).to_string(),
+                epoch: d.epoch,
+                pool: self.data.pools.get(d.pool as usize).map(|p| p.name.clone()).unwrap_or_default(),
+                state: d.state.clone(),
+                backend: d.dev.as_ref().map(|x| format!("{:?}", x.backend())).unwrap_or_else(|| "none".into()),
+                capacity_bytes: d.capacity_bytes,
+                used_bytes: alloc[d.index as usize].used,
+                read_errors: d.counters.read_errors.load(Ordering::Relaxed),
+                write_errors: d.counters.write_errors.load(Ordering::Relaxed),
+                checksum_errors: d.counters.checksum_errors.load(Ordering::Relaxed),
+                repaired_shards: d.counters.repaired_shards.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    pub fn pools(&self) -> Vec<PoolInfo> {
+        let alloc = self.data.alloc.lock();
+        self.data
+            .pools
+            .iter()
+            .map(|p| PoolInfo {
+                name: p.name.clone(),
+                data_shards: p.k,
+                parity_shards: p.m,
+                drives: p.drives.clone(),
+                raw_capacity_bytes: p.drives.iter().map(|d| alloc[*d as usize].capacity).sum(),
+                raw_used_bytes: p.drives.iter().map(|d| alloc[*d as usize].used).sum(),
+            })
+            .collect()
+    }
+
+    pub fn health(&self) -> Health {
+        let drives = self.drives();
+        let mut notes = vec![
+            "metadata is kept on one local directory without replication: it is a single point of failure".to_string(),
+        ];
+        let mut state = "ok";
+        for p in &self.data.pools {
+            let down = p.drives.iter().filter(|d| drives[**d as usize].state != DriveState::Online).count();
+            if down > p.m {
+                state = "failed";
+                notes.push(format!("pool {}: {down} drives down, more than its {} parity shards: some data is unavailable", p.name, p.m));
+            } else if down > 0 {
+                if state == "ok" {
+                    state = "degraded";
+                }
+                notes.push(format!("pool {}: {down} of {} drives down; redundancy reduced until rebuild", p.name, p.drives.len()));
+            }
+        }
+        if self.closed.load(Ordering::Acquire) {
+            state = "failed";
+            notes.push("engine is shut down".into());
+        }
+        Health { state, drives, notes }
+    }
+
+    /// Replaces drive `index` with a new (or the same, reformatted) file or device at `path`
+    /// and starts a rebuild job onto it. Returns the job id.
+    pub fn replace_drive(self: &Arc<Self>, caller: &Caller, index: u32, path: Option<PathBuf>, create_bytes: Option<u64>) -> Result<u64> {
+        if caller.role < Role::Operator {
+            return Err(Error::PermissionDenied);
+        }
+        let (old_path, old_epoch, pool, old_cap) = {
+            let drives = self.data.drives.read();
+            let d = drives.get(index as usize).ok_or(Error::NotFound)?;
+            (d.path.clone(), d.epoch, d.pool, d.capacity_bytes)
+        };
+        let path = path.unwrap_or(old_path);
+        if path.exists() {
+            // Reusing a file in place: only when it is not a healthy member.
+            let drives = self.data.drives.read();
+            let d = &drives[index as usize];
+            if d.path == path && d.state == DriveState::Online {
+                return Err(Error::Busy(format!("drive {index} is online; take it out before replacing it in place")));
+            }
+        } else {
+            let bytes = create_bytes.unwrap_or(old_cap);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| Error::Io(format!("create {}: {e}", parent.display())))?;
+            }
+            hardware::create_file_drive(&path, bytes).map_err(|e| Error::Io(format!("create drive {}: {e}", path.display())))?;
+        }
+        let mut dev = hardware::open_drive(&path, &self.cfg.drive_open).map_err(|e| Error::Io(format!("open drive {}: {e}", path.display())))?;
+        if let Some(w) = &self.cfg.drive_wrapper {
+            dev = w(index, dev);
+        }
+        let epoch = old_epoch + 1;
+        let uuid = *uuid::Uuid::new_v4().as_bytes();
+        let sb = Superblock { drive_uuid: uuid, cluster_uuid: self.cluster_uuid, drive_index: index, epoch, capacity_bytes: dev.capacity_bytes() };
+        dev.write(0, sb.encode())
+            .wait()
+            .and_then(|_| dev.sync().wait())
+            .map_err(|e| Error::Io(format!("write superblock to {}: {e}", path.display())))?;
+        {
+            let _g = self.mutate.lock();
+            let mut wo = WriteOptions::default();
+            wo.set_sync(true);
+            let mut batch = WriteBatch::default();
+            batch.put_cf(self.cf(CF_SYSTEM), format!("{KEY_DRIVE_PREFIX}{index:04}"), encode_drive(&path, &uuid, epoch, pool, dev.capacity_bytes()));
+            self.db.write_opt(batch, &wo)?;
+            let mut drives = self.data.drives.write();
+            let mut alloc = self.data.alloc.lock();
+            let d = &mut drives[index as usize];
+            d.path = path;
+            d.uuid = uuid;
+            d.epoch = epoch;
+            d.capacity_bytes = dev.capacity_bytes();
+            d.state = DriveState::Rebuilding;
+            d.dev = Some(dev.clone());
+            d.counters = Default::default();
+            alloc[index as usize] = crate::data::Allocator::new(dev.capacity_bytes());
+        }
+        tracing::info!(drive = index, epoch, "drive replaced; rebuilding");
+        crate::jobs::start(self, caller, crate::jobs::JobKind::Rebuild { drive: index })
+    }
+
+    /// Marks a drive failed (operator action, or a test pulling a drive).
+    pub fn fail_drive(&self, caller: &Caller, index: u32, reason: &str) -> Result<()> {
+        if caller.role < Role::Operator {
+            return Err(Error::PermissionDenied);
+        }
+        let mut drives = self.data.drives.write();
+        let d = drives.get_mut(index as usize).ok_or(Error::NotFound)?;
+        d.state = DriveState::Failed(reason.to_string());
+        Ok(())
+    }
+
+    /// Flushes every write buffer, syncs metadata, stops background work. Idempotent.
+    pub fn shutdown(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.jobs.stop_all();
+        let inos: Vec<Ino> = self.buffers.lock().keys().copied().collect();
+        for ino in inos {
+            if let Err(e) = self.flush(ino, true) {
+                tracing::error!(ino, "flush at shutdown: {e}");
+            }
+        }
+        self.sync_metadata()?;
+        for d in self.data.drives.read().iter() {
+            if let Some(dev) = &d.dev {
+                let _ = dev.sync().wait();
+            }
+        }
+        self.closed.store(true, Ordering::Release);
+        if let Some(h) = self.sync_thread.lock().take() {
+            drop(h); // the thread sees `closed` and exits within one interval
+        }
+        tracing::info!("storage engine shut down");
+        Ok(())
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.jobs.stop_all();
+    }
+}
+
+fn encode_drive(path: &Path, uuid: &[u8; 16], epoch: u32, pool: u16, capacity: u64) -> Vec<u8> {
+    let mut e = Enc::new(1);
+    e.bytes(path.as_os_str().as_encoded_bytes()).0.extend_from_slice(uuid);
+    e.u32(epoch).u16(pool).u64(capacity);
+    e.finish()
+}
+
+fn decode_drive(v: &[u8]) -> Result<(PathBuf, [u8; 16], u32, u16, u64)> {
+    let mut d = Dec::new(v, "drive", 1)?;
+    let path = PathBuf::from(utf8(d.bytes()?, "drive path")?);
+    let uuid = d.fixed::<16>()?;
+    let r = (path, uuid, d.u32()?, d.u16()?, d.u64()?);
+    d.end()?;
+    Ok(r)
+}

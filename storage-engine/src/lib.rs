@@ -1,0 +1,24 @@
+//! Aquifer's storage engine: the one namespace every protocol serves (DESIGN.md §3).
+//!
+//! Metadata lives in RocksDB (one write batch per mutation); file data above the inline
+//! threshold lives in erasure-coded stripes on drives reached through io_uring. Permission
+//! checks happen here, once, for every protocol.
+
+mod data;
+pub mod ec;
+mod engine;
+mod error;
+mod identity;
+mod jobs;
+mod objects;
+mod records;
+mod types;
+mod writebuf;
+
+pub use data::{DriveCounters, DriveInfo, DriveState};
+pub use engine::{Clock, DriveConfig, DriveWrapper, Engine, EngineConfig, Health, PoolConfig, PoolInfo, SystemClock};
+pub use error::{Error, NameProblem, Result};
+pub use identity::{GroupInfo, NewUser, PASSWORD_BYTES_MIN, TokenInfo, UserInfo, UserUpdate};
+pub use jobs::{JobInfo, JobKind, JobState};
+pub use objects::{LIST_KEYS_MAX, ObjectEntry, ObjectPage, PARTS_MAX, PartInfo, UploadInfo, split_key};
+pub use types::*;

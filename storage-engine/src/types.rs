@@ -1,0 +1,204 @@
+//! Public value types of the namespace API.
+
+/// Inode number. 1 is the root directory; 0 is never used.
+pub type Ino = u64;
+pub const ROOT_INO: Ino = 1;
+
+/// Longest name of one directory entry, in bytes (as POSIX NAME_MAX).
+pub const NAME_BYTES_MAX: usize = 255;
+/// Largest file the engine stores (1 PiB); offsets beyond it are refused.
+pub const FILE_BYTES_MAX: u64 = 1 << 50;
+/// Longest symlink target.
+pub const SYMLINK_TARGET_BYTES_MAX: usize = 4096;
+/// Longest extended attribute name and value.
+pub const XATTR_NAME_BYTES_MAX: usize = 255;
+pub const XATTR_VALUE_BYTES_MAX: usize = 64 * 1024;
+/// Most hard links to one file.
+pub const LINKS_MAX: u32 = 65_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+}
+
+impl FileKind {
+    pub(crate) fn to_u8(self) -> u8 {
+        match self {
+            FileKind::File => 1,
+            FileKind::Dir => 2,
+            FileKind::Symlink => 3,
+        }
+    }
+    pub(crate) fn from_u8(v: u8) -> Option<FileKind> {
+        match v {
+            1 => Some(FileKind::File),
+            2 => Some(FileKind::Dir),
+            3 => Some(FileKind::Symlink),
+            _ => None,
+        }
+    }
+}
+
+/// Attributes of one inode. Times are nanoseconds since the Unix epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Permission bits including setuid/setgid/sticky (0o7777).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub btime_ns: i64,
+    /// Bumped by every mutation of this inode (data or attributes).
+    pub version: u64,
+    /// Distinguishes reuse of an inode number; part of every file handle.
+    pub generation: u64,
+    /// Bytes of storage the file's data occupies before erasure coding.
+    pub stored_bytes: u64,
+}
+
+/// Which attributes a setattr changes.
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum TimeSet {
+    Now,
+    At(i64),
+}
+
+/// How durable a write must be before it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stability {
+    /// Kept in the per-file write buffer; lost by a crash until commit (NFS UNSTABLE).
+    Unstable,
+    /// On the drives and in metadata, fsynced, before the call returns (NFS FILE_SYNC, fsync).
+    Durable,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub kind: FileKind,
+}
+
+/// One page of a directory listing; `next_cursor` resumes after the last entry.
+#[derive(Debug, Clone)]
+pub struct DirPage {
+    pub entries: Vec<DirEntry>,
+    pub next_cursor: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StatFs {
+    /// Usable bytes (raw capacity times k/(k+m)).
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub files: u64,
+    pub raw_total_bytes: u64,
+    pub raw_free_bytes: u64,
+    pub name_bytes_max: u32,
+}
+
+/// Roles of API tokens and users for the admin API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// Files only, with the user's own permissions.
+    User,
+    /// May read every admin resource but change none.
+    ReadOnly,
+    /// May run jobs and manage drives, not identities.
+    Operator,
+    /// Everything.
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::ReadOnly => "read-only",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "user" => Some(Role::User),
+            "read-only" | "readonly" => Some(Role::ReadOnly),
+            "operator" => Some(Role::Operator),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+    pub(crate) fn to_u8(self) -> u8 {
+        match self {
+            Role::User => 0,
+            Role::ReadOnly => 1,
+            Role::Operator => 2,
+            Role::Admin => 3,
+        }
+    }
+    pub(crate) fn from_u8(v: u8) -> Option<Role> {
+        match v {
+            0 => Some(Role::User),
+            1 => Some(Role::ReadOnly),
+            2 => Some(Role::Operator),
+            3 => Some(Role::Admin),
+            _ => None,
+        }
+    }
+}
+
+/// Who is asking. Every namespace call carries one; the engine checks permissions against it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub user: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+    pub role: Role,
+}
+
+impl Caller {
+    /// The engine itself (background jobs, startup repair): uid 0, admin.
+    pub fn system() -> Caller {
+        Caller { user: "system".into(), uid: 0, gid: 0, groups: vec![], role: Role::Admin }
+    }
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+}
+
+/// What changed; emitted after the mutation is committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeEvent {
+    pub ino: Ino,
+    pub version: u64,
+    pub kind: ChangeKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChangeKind {
+    Created { parent: Ino, name: Vec<u8> },
+    Removed { parent: Ino, name: Vec<u8> },
+    Renamed { from_parent: Ino, from_name: Vec<u8>, to_parent: Ino, to_name: Vec<u8> },
+    Data,
+    Attr,
+}

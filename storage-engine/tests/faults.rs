@@ -1,0 +1,164 @@
+//! Drive loss and corruption: reads stay bit-exact, scrub repairs, rebuild restores
+//! redundancy; I/O errors during writes leave old data intact.
+
+mod common;
+
+use std::io::{Seek, SeekFrom, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use hardware::{BlockDevice, FaultControl, FaultyDrive};
+use storage_engine::*;
+
+fn wait_job(e: &Engine, id: u64) -> JobInfo {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let j = e.job(id).unwrap();
+        if j.state != JobState::Running {
+            return j;
+        }
+        assert!(Instant::now() < deadline, "job {id} did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn populate(e: &Engine) -> Vec<(String, Vec<u8>)> {
+    let c = root();
+    e.mkdir(&c, ROOT_INO, b"d", 0o755).unwrap();
+    let mut files = Vec::new();
+    for i in 0..12u64 {
+        let len = [100, 5_000, 70_000, 300_000, 1_000_000][i as usize % 5];
+        let path = format!("/d/f{i}");
+        let data = bytes(i + 10, len);
+        put(e, &path, &data);
+        files.push((path, data));
+    }
+    files
+}
+
+fn check_all(e: &Engine, files: &[(String, Vec<u8>)]) {
+    for (p, d) in files {
+        assert!(get(e, p) == *d, "{p} differs");
+    }
+}
+
+/// Overwrites `count` random ranges of a drive file's data area with garbage.
+fn scribble(path: &std::path::Path, seed: u64, count: usize) {
+    let len = std::fs::metadata(path).unwrap().len();
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    let noise = bytes(seed, 64 * 1024);
+    for i in 0..count {
+        let span = 4 << 20; // the region the test's stripes occupy
+        let off = (1 << 20) + (bytes(seed + i as u64, 8).iter().fold(0u64, |a, b| a * 256 + *b as u64) % span);
+        assert!(off < len);
+        f.seek(SeekFrom::Start(off)).unwrap();
+        let n = 1 + (noise[i % noise.len()] as usize * 97) % (32 * 1024);
+        f.write_all(&noise[..n]).unwrap();
+    }
+    f.sync_all().unwrap();
+}
+
+#[test]
+fn two_drives_deleted_or_scribbled_still_read_back_then_scrub_and_rebuild() {
+    let dir = tempfile::tempdir().unwrap();
+    let files;
+    {
+        let e = open(dir.path());
+        files = populate(&e);
+        e.shutdown().unwrap();
+    }
+    let drive = |i: usize| dir.path().join("drives").join(format!("drive-{i}.img"));
+    // Drive 1 gone entirely, drive 4 scribbled over: two failures, m = 2.
+    std::fs::remove_file(drive(1)).unwrap();
+    scribble(&drive(4), 7, 200);
+    let e = open(dir.path());
+    let h = e.health();
+    assert_eq!(h.state, "degraded");
+    assert!(matches!(h.drives[1].state, DriveState::Failed(_)));
+    check_all(&e, &files);
+    assert!(e.drives()[4].checksum_errors > 0, "corruption was detected");
+
+    // Scrub repairs drive 4 in place (drive 1 is missing: left to rebuild).
+    let c = root();
+    let j = wait_job(&e, e.start_scrub(&c, 0).unwrap());
+    assert_eq!(j.state, JobState::Completed);
+    assert!(j.shards_repaired > 0);
+    assert_eq!(j.stripes_unrecoverable, 0);
+    let j2 = wait_job(&e, e.start_scrub(&c, 0).unwrap());
+    assert_eq!(j2.shards_bad, 0, "second scrub finds nothing: {j2:?}");
+
+    // Rebuild drive 1 onto a replacement file.
+    let job = e.replace_drive(&c, 1, Some(dir.path().join("drives/replacement-1.img")), None).unwrap();
+    let j = wait_job(&e, job);
+    assert_eq!(j.state, JobState::Completed, "{j:?}");
+    assert!(j.shards_repaired > 0);
+    assert_eq!(e.health().state, "ok");
+    assert!(e.drives()[1].used_bytes > 0);
+    e.shutdown().unwrap();
+    drop(e);
+
+    // Full redundancy again: lose two other drives and everything still reads.
+    std::fs::remove_file(drive(0)).unwrap();
+    std::fs::remove_file(drive(2)).unwrap();
+    let e = open(dir.path());
+    assert_eq!(e.health().state, "degraded");
+    check_all(&e, &files);
+}
+
+#[test]
+fn three_drives_lost_is_reported_not_silently_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let e = open(dir.path());
+        put(&e, "/f", &bytes(1, 300_000));
+        e.shutdown().unwrap();
+    }
+    for i in [0, 1, 2] {
+        std::fs::remove_file(dir.path().join(format!("drives/drive-{i}.img"))).unwrap();
+    }
+    let e = open(dir.path());
+    assert_eq!(e.health().state, "failed");
+    let a = e.resolve(&root(), "/f").unwrap();
+    assert!(matches!(e.read(&root(), a.ino, 0, 1000), Err(Error::Unavailable(_))));
+}
+
+fn faulty_config(dir: &std::path::Path, ctl: Arc<parking_lot::Mutex<Vec<FaultControl>>>) -> EngineConfig {
+    let mut cfg = config(dir);
+    cfg.drive_wrapper = Some(Arc::new(move |_i, dev: Arc<dyn BlockDevice>| {
+        let (d, c) = FaultyDrive::new(dev);
+        ctl.lock().push(c);
+        Arc::new(d) as Arc<dyn BlockDevice>
+    }));
+    cfg
+}
+
+#[test]
+fn write_errors_leave_old_data_and_no_leaked_space() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // Format first, without faults.
+        let e = open(dir.path());
+        e.shutdown().unwrap();
+    }
+    let ctl = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let e = Engine::open(faulty_config(dir.path(), ctl.clone())).unwrap();
+    let c = root();
+    let old = bytes(1, 250_000);
+    let ino = put(&e, "/f", &old);
+    e.sync_metadata().unwrap();
+    let used: Vec<u64> = e.drives().iter().map(|d| d.used_bytes).collect();
+    // Drive 3 refuses every write from now on.
+    ctl.lock()[3].fail_writes_after(Some(0));
+    let err = e.write(&c, ino, 1000, &bytes(2, 200_000), Stability::Durable);
+    assert!(matches!(err, Err(Error::Io(_))), "{err:?}");
+    assert_eq!(get(&e, "/f"), old, "failed write changed nothing");
+    e.sync_metadata().unwrap();
+    assert_eq!(e.drives().iter().map(|d| d.used_bytes).collect::<Vec<_>>(), used, "failed write leaked no space");
+    // Reads fail on drive 0 and are served from parity.
+    ctl.lock()[3].clear();
+    ctl.lock()[0].fail_reads_in(0..u64::MAX);
+    assert_eq!(get(&e, "/f"), old);
+    ctl.lock()[1].corrupt_reads_in(0..u64::MAX);
+    assert_eq!(get(&e, "/f"), old, "one failed and one corrupt drive: still exact");
+}

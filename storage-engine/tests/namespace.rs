@@ -1,0 +1,244 @@
+//! Namespace behaviour through the engine API: every call a protocol makes.
+
+mod common;
+
+use common::*;
+use storage_engine::*;
+
+fn user(e: &Engine, name: &str) -> Caller {
+    let info = e
+        .create_user(&root(), NewUser { name: name.into(), password: "password-123".into(), ..Default::default() })
+        .expect("create user");
+    e.authenticate_password(name, "password-123").map(|c| {
+        assert_eq!(c.uid, info.uid);
+        c
+    }).expect("authenticate")
+}
+
+#[test]
+fn files_dirs_links_and_rename() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let d = e.mkdir(&c, ROOT_INO, b"data", 0o755).unwrap();
+    assert_eq!(e.getattr(&c, ROOT_INO).unwrap().nlink, 3);
+    let f = e.create(&c, d.ino, b"a.bin", 0o644, true).unwrap();
+    assert!(matches!(e.create(&c, d.ino, b"a.bin", 0o644, true), Err(Error::Exists)));
+    assert_eq!(e.create(&c, d.ino, b"a.bin", 0o644, false).unwrap().ino, f.ino);
+    let payload = bytes(1, 300_000);
+    e.write(&c, f.ino, 0, &payload, Stability::Durable).unwrap();
+    assert_eq!(e.read(&c, f.ino, 0, 1 << 20).unwrap(), payload);
+    assert_eq!(e.read(&c, f.ino, 12_345, 100).unwrap(), payload[12_345..12_445]);
+    // Overwrite in the middle, across a stripe boundary (stripes are 64 KiB here).
+    let patch = bytes(2, 10_000);
+    e.write(&c, f.ino, 60_000, &patch, Stability::Durable).unwrap();
+    let mut want = payload.clone();
+    want[60_000..70_000].copy_from_slice(&patch);
+    assert_eq!(e.read(&c, f.ino, 0, 1 << 20).unwrap(), want);
+
+    // Hard link, symlink, rename across directories.
+    let d2 = e.mkdir(&c, ROOT_INO, b"other", 0o755).unwrap();
+    e.link(&c, f.ino, d2.ino, b"hard").unwrap();
+    assert_eq!(e.getattr(&c, f.ino).unwrap().nlink, 2);
+    let s = e.symlink(&c, d2.ino, b"sym", b"../data/a.bin").unwrap();
+    assert_eq!(e.readlink(&c, s.ino).unwrap(), b"../data/a.bin");
+    e.rename(&c, d.ino, b"a.bin", d2.ino, b"moved.bin").unwrap();
+    assert!(matches!(e.lookup(&c, d.ino, b"a.bin"), Err(Error::NotFound)));
+    assert_eq!(get(&e, "/other/moved.bin"), want);
+    e.unlink(&c, d2.ino, b"moved.bin").unwrap();
+    assert_eq!(get(&e, "/other/hard"), want, "data lives while a link remains");
+    e.unlink(&c, d2.ino, b"hard").unwrap();
+    assert!(matches!(e.getattr(&c, f.ino), Err(Error::NotFound)));
+
+    // A directory cannot move below itself; rmdir needs an empty directory.
+    let sub = e.mkdir(&c, d.ino, b"sub", 0o755).unwrap();
+    assert!(e.rename(&c, ROOT_INO, b"data", sub.ino, b"loop").is_err());
+    assert!(matches!(e.rmdir(&c, ROOT_INO, b"data"), Err(Error::NotEmpty)));
+    e.rmdir(&c, d.ino, b"sub").unwrap();
+    e.rmdir(&c, ROOT_INO, b"data").unwrap();
+    assert_eq!(e.getattr(&c, ROOT_INO).unwrap().nlink, 3);
+}
+
+#[test]
+fn bad_names_are_refused_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let before = e.getattr(&c, ROOT_INO).unwrap();
+    let long = vec![b'x'; 256];
+    let cases: Vec<(&[u8], NameProblem)> = vec![
+        (b"", NameProblem::Empty),
+        (b".", NameProblem::Dot),
+        (b"..", NameProblem::Dot),
+        (b"a/b", NameProblem::Slash),
+        (b"a\0b", NameProblem::Nul),
+        (&long, NameProblem::TooLong),
+    ];
+    for (name, problem) in cases {
+        match e.create(&c, ROOT_INO, name, 0o644, true) {
+            Err(Error::InvalidName(p)) => assert_eq!(p, problem),
+            other => panic!("create {name:?}: {other:?}"),
+        }
+        assert!(matches!(e.mkdir(&c, ROOT_INO, name, 0o755), Err(Error::InvalidName(_))));
+    }
+    assert!(e.mkdir(&c, ROOT_INO, &vec![b'y'; 255], 0o755).is_ok(), "255 bytes is allowed");
+    e.rmdir(&c, ROOT_INO, &vec![b'y'; 255]).unwrap();
+    let after = e.getattr(&c, ROOT_INO).unwrap();
+    assert_eq!(after.nlink, before.nlink);
+    assert!(e.readdir(&c, ROOT_INO, None, 100).unwrap().entries.is_empty());
+    let f = e.create(&c, ROOT_INO, b"f", 0o644, true).unwrap();
+    assert!(matches!(e.write(&c, f.ino, FILE_BYTES_MAX, b"x", Stability::Durable), Err(Error::FileTooLarge)));
+    assert!(matches!(e.write(&c, f.ino, u64::MAX - 1, b"xy", Stability::Durable), Err(Error::FileTooLarge)));
+    assert_eq!(e.getattr(&c, f.ino).unwrap().size, 0);
+}
+
+#[test]
+fn permissions_are_enforced_by_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let alice = user(&e, "alice");
+    let bob = user(&e, "bob");
+    let home = e.mkdir(&c, ROOT_INO, b"alice", 0o755).unwrap();
+    e.setattr(&c, home.ino, SetAttr { uid: Some(alice.uid), gid: Some(alice.gid), ..Default::default() }).unwrap();
+    let f = e.create(&alice, home.ino, b"private", 0o600, true).unwrap();
+    e.write(&alice, f.ino, 0, b"secret", Stability::Durable).unwrap();
+    assert!(matches!(e.read(&bob, f.ino, 0, 10), Err(Error::PermissionDenied)));
+    assert!(matches!(e.write(&bob, f.ino, 0, b"x", Stability::Durable), Err(Error::PermissionDenied)));
+    assert!(matches!(e.create(&bob, home.ino, b"intruder", 0o644, true), Err(Error::PermissionDenied)));
+    assert!(matches!(e.unlink(&bob, home.ino, b"private"), Err(Error::PermissionDenied)));
+    assert!(matches!(e.setattr(&bob, f.ino, SetAttr { mode: Some(0o666), ..Default::default() }), Err(Error::PermissionDenied)));
+    assert!(matches!(e.setattr(&alice, f.ino, SetAttr { uid: Some(bob.uid), ..Default::default() }), Err(Error::PermissionDenied)));
+    assert_eq!(e.read(&alice, f.ino, 0, 10).unwrap(), b"secret");
+    // Sticky directory: bob may create but not delete alice's file.
+    let tmp = e.mkdir(&c, ROOT_INO, b"tmp", 0o1777).unwrap();
+    e.create(&alice, tmp.ino, b"mine", 0o644, true).unwrap();
+    assert!(matches!(e.unlink(&bob, tmp.ino, b"mine"), Err(Error::PermissionDenied)));
+    e.create(&bob, tmp.ino, b"his", 0o644, true).unwrap();
+    e.unlink(&bob, tmp.ino, b"his").unwrap();
+    // Roles gate admin operations.
+    assert!(matches!(e.list_users(&bob), Err(Error::PermissionDenied)));
+    assert!(matches!(e.create_user(&bob, NewUser { name: "eve".into(), password: "password-1".into(), ..Default::default() }), Err(Error::PermissionDenied)));
+    assert!(matches!(e.authenticate_password("alice", "wrong-password"), Err(Error::Unauthenticated)));
+    assert!(matches!(e.authenticate_password("nobody", "password-123"), Err(Error::Unauthenticated)));
+}
+
+#[test]
+fn tokens_issue_use_expire_and_revoke() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let admin = e.authenticate_password("admin", "admin-password").unwrap();
+    assert_eq!(admin.uid, 0);
+    let (tok, info) = e.create_token(&admin, None, Some(Role::ReadOnly), None, "ci").unwrap();
+    let c = e.authenticate_token(&tok).unwrap();
+    assert_eq!(c.role, Role::ReadOnly);
+    assert!(e.authenticate_token(&format!("{tok}x")).is_err());
+    assert!(e.authenticate_token("aqf_nothing_here").is_err());
+    assert_eq!(e.list_tokens(&admin).unwrap().len(), 1);
+    e.revoke_token(&admin, &info.id).unwrap();
+    assert!(matches!(e.authenticate_token(&tok), Err(Error::Unauthenticated)));
+}
+
+#[test]
+fn truncate_extend_and_sparse_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let f = e.create(&c, ROOT_INO, b"f", 0o644, true).unwrap();
+    let data = bytes(3, 200_000);
+    e.write(&c, f.ino, 0, &data, Stability::Durable).unwrap();
+    e.setattr(&c, f.ino, SetAttr { size: Some(100_001), ..Default::default() }).unwrap();
+    e.setattr(&c, f.ino, SetAttr { size: Some(150_000), ..Default::default() }).unwrap();
+    let got = e.read(&c, f.ino, 0, 1 << 20).unwrap();
+    assert_eq!(got.len(), 150_000);
+    assert_eq!(&got[..100_001], &data[..100_001]);
+    assert!(got[100_001..].iter().all(|b| *b == 0), "extended range reads as zeros");
+    // A hole far past the end.
+    e.write(&c, f.ino, 1_000_000, b"tail", Stability::Durable).unwrap();
+    let a = e.getattr(&c, f.ino).unwrap();
+    assert_eq!(a.size, 1_000_004);
+    assert_eq!(e.read(&c, f.ino, 999_998, 100).unwrap(), b"\0\0tail");
+    // Inline file grows out of metadata.
+    let g = e.create(&c, ROOT_INO, b"g", 0o644, true).unwrap();
+    e.write(&c, g.ino, 0, b"small", Stability::Durable).unwrap();
+    let big = bytes(4, 50_000);
+    e.write(&c, g.ino, 10, &big, Stability::Durable).unwrap();
+    let got = e.read(&c, g.ino, 0, 1 << 20).unwrap();
+    assert_eq!(&got[..5], b"small");
+    assert_eq!(&got[10..], &big[..]);
+}
+
+#[test]
+fn unstable_writes_are_visible_before_commit_and_durable_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = bytes(5, 700_000);
+    {
+        let e = open(dir.path());
+        let c = root();
+        let f = e.create(&c, ROOT_INO, b"f", 0o644, true).unwrap();
+        for (i, chunk) in data.chunks(32 * 1024).enumerate() {
+            e.write(&c, f.ino, (i * 32 * 1024) as u64, chunk, Stability::Unstable).unwrap();
+        }
+        assert_eq!(e.getattr(&c, f.ino).unwrap().size, data.len() as u64);
+        assert_eq!(e.read(&c, f.ino, 0, 1 << 20).unwrap(), data);
+        e.commit(&c, f.ino).unwrap();
+        e.shutdown().unwrap();
+    }
+    let e = open(dir.path());
+    assert_eq!(get(&e, "/f"), data);
+}
+
+#[test]
+fn readdir_pages_resume_from_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let mut names: Vec<String> = (0..250).map(|i| format!("n{i:04}")).collect();
+    for n in &names {
+        e.create(&c, ROOT_INO, n.as_bytes(), 0o644, true).unwrap();
+    }
+    names.sort();
+    let mut seen = Vec::new();
+    let mut cursor: Option<Vec<u8>> = None;
+    loop {
+        let page = e.readdir(&c, ROOT_INO, cursor.as_deref(), 64).unwrap();
+        seen.extend(page.entries.iter().map(|x| String::from_utf8(x.name.clone()).unwrap()));
+        match page.next_cursor {
+            Some(cur) => cursor = Some(cur),
+            None => break,
+        }
+    }
+    assert_eq!(seen, names);
+}
+
+#[test]
+fn xattrs_and_statfs() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let f = e.create(&c, ROOT_INO, b"f", 0o644, true).unwrap();
+    e.setxattr(&c, f.ino, b"user.k", b"v").unwrap();
+    assert_eq!(e.getxattr(&c, f.ino, b"user.k").unwrap(), b"v");
+    assert_eq!(e.listxattr(&c, f.ino).unwrap(), vec![b"user.k".to_vec()]);
+    e.removexattr(&c, f.ino, b"user.k").unwrap();
+    assert!(matches!(e.getxattr(&c, f.ino, b"user.k"), Err(Error::NotFound)));
+    assert!(e.setxattr(&c, f.ino, b"user.big", &vec![0; 70_000]).is_err());
+    let s = e.statfs(&c).unwrap();
+    assert!(s.total_bytes > 0 && s.free_bytes <= s.total_bytes);
+    assert_eq!(s.files, 2);
+}
+
+#[test]
+fn change_events_follow_mutations() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let mut rx = e.subscribe();
+    let c = root();
+    let f = e.create(&c, ROOT_INO, b"f", 0o644, true).unwrap();
+    e.write(&c, f.ino, 0, b"hello", Stability::Durable).unwrap();
+    e.rename(&c, ROOT_INO, b"f", ROOT_INO, b"g").unwrap();
+    let kinds: Vec<ChangeKind> = (0..3).map(|_| rx.try_recv().unwrap().kind).collect();
+    assert!(matches!(kinds[0], ChangeKind::Created { .. }));
+    assert_eq!(kinds[1], ChangeKind::Data);
+    assert!(matches!(kinds[2], ChangeKind::Renamed { .. }));
+}

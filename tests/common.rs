@@ -1,0 +1,121 @@
+//! Starts and stops real `aquifer serve` daemons for end-to-end tests.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const ADMIN_PASSWORD: &str = "e2e-admin-password";
+
+pub struct Daemon {
+    pub child: Child,
+    pub rest: String,
+    pub data_dir: PathBuf,
+}
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_aquifer"))
+}
+
+impl Daemon {
+    /// Starts a daemon on `data_dir` with an ephemeral REST port and waits until it serves.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Daemon {
+        let mut child = Command::new(bin())
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--rest", "127.0.0.1:0", "--drive-size", "256MiB"])
+            .args(extra)
+            .env("AQUIFER_ADMIN_PASSWORD", ADMIN_PASSWORD)
+            .env("AQUIFER_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn aquifer serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(i) = line.find("http://") {
+                    let addr: String = line[i + 7..].chars().take_while(|c| *c != '/').collect();
+                    let _ = tx.send(addr);
+                }
+            }
+        });
+        let rest = rx.recv_timeout(Duration::from_secs(60)).expect("daemon printed its REST address");
+        let d = Daemon { child, rest, data_dir: data_dir.to_path_buf() };
+        d.wait_healthy();
+        d
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.rest, path)
+    }
+
+    fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let client = reqwest::blocking::Client::new();
+        while Instant::now() < deadline {
+            if client.get(self.url("/api/v1/health")).send().is_ok_and(|r| r.status().is_success()) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("daemon did not become healthy");
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "kill({sig})");
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn stop(mut self) {
+        self.signal(libc::SIGTERM);
+        let status = wait_timeout(&mut self.child, Duration::from_secs(60)).expect("daemon exits after SIGTERM");
+        assert!(status.success(), "daemon exit status after SIGTERM: {status}");
+    }
+
+    /// SIGKILL: no flush, no shutdown.
+    pub fn kill9(mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    pub fn client(&self) -> reqwest::blocking::Client {
+        reqwest::blocking::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
