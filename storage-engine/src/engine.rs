@@ -1628,13 +1628,22 @@ impl Engine {
         let Some(buf) = self.buffer_of(ino) else { return Ok(()) };
         let mut b = buf.lock();
         let stripe = self.data.pools[self.pool_of(ino) as usize].stripe_data_max();
-        let segs = b.take_full(stripe as usize);
+        let mut segs = b.take_full(stripe as usize);
         if segs.is_empty() {
             // Many small scattered writes: write them all.
-            let all = b.take_all();
-            return self.write_segments(ino, all, b.size, false);
+            segs = b.take_all();
         }
-        self.write_segments(ino, segs, b.size, false)
+        let res = self.write_segments(ino, segs, b.size, false);
+        if res.is_err() {
+            self.forget_failed(ino, &mut b);
+        }
+        res
+    }
+
+    /// After a failed flush the lost segments must not keep counting towards the size.
+    fn forget_failed(&self, ino: Ino, b: &mut WriteBuffer) {
+        let committed = self.load(ino).map(|r| r.size).unwrap_or(0);
+        b.size = committed.max(b.end());
     }
 
     /// Writes every buffered byte of `ino` to stripes and commits the extents.
@@ -1644,6 +1653,9 @@ impl Engine {
         let segs = b.take_all();
         let size = b.size;
         let res = if segs.is_empty() { Ok(()) } else { self.write_segments(ino, segs, size, durable) };
+        if res.is_err() {
+            self.forget_failed(ino, &mut b);
+        }
         if res.is_ok() && b.is_empty() {
             drop(b);
             let mut map = self.buffers.lock();
@@ -1791,10 +1803,6 @@ impl Engine {
         self.put_inode(&mut batch, ino, &rec);
         self.db.write(batch)?;
         Ok(())
-    }
-
-    pub(crate) fn next_stripe_hint(&self) -> u64 {
-        self.next_stripe.load(Ordering::Relaxed)
     }
 
     // ---------------------------------------------------------------- drives, health

@@ -113,7 +113,7 @@ impl Engine {
         if password.len() < PASSWORD_BYTES_MIN {
             return Err(Error::InvalidArgument(format!("password must be at least {PASSWORD_BYTES_MIN} bytes")));
         }
-        let salt = SaltString::generate(&mut argon2::password_hash::rand_core::OsRng);
+        let salt = SaltString::encode_b64(&rand::random::<[u8; 16]>()).map_err(|e| Error::InvalidArgument(format!("salt: {e}")))?;
         self.hasher()
             .hash_password(password.as_bytes(), &salt)
             .map(|h| h.to_string())

@@ -21,6 +21,11 @@ impl WriteBuffer {
         self.segs.is_empty()
     }
 
+    /// End of the last buffered segment (0 when empty).
+    pub fn end(&self) -> u64 {
+        self.segs.iter().next_back().map(|(o, d)| o + d.len() as u64).unwrap_or(0)
+    }
+
     pub fn bytes(&self) -> usize {
         self.bytes
     }

@@ -162,3 +162,28 @@ fn write_errors_leave_old_data_and_no_leaked_space() {
     ctl.lock()[1].corrupt_reads_in(0..u64::MAX);
     assert_eq!(get(&e, "/f"), old, "one failed and one corrupt drive: still exact");
 }
+
+#[test]
+fn a_throttled_scrub_resumes_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let id;
+    {
+        let e = open(dir.path());
+        populate(&e);
+        // About 9 MiB of shards at 2 MiB/s: still running when the engine stops.
+        id = e.start_scrub(&root(), 2 << 20).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let j = e.job(id).unwrap();
+        assert_eq!(j.state, JobState::Running);
+        assert!(j.stripes_done > 0 && j.progress() < 1.0, "{j:?}");
+        e.shutdown().unwrap();
+    }
+    let e = open(dir.path());
+    let before = e.job(id).unwrap();
+    assert!(before.cursor > 0, "cursor was persisted: {before:?}");
+    let j = wait_job(&e, id);
+    assert_eq!(j.state, JobState::Completed, "{j:?}");
+    assert_eq!(j.stripes_done, j.stripes_total);
+    assert!(e.list_jobs().unwrap().iter().any(|x| x.id == id));
+    assert!(matches!(e.start_scrub(&Caller { role: Role::User, ..root() }, 0), Err(Error::PermissionDenied)));
+}

@@ -115,6 +115,9 @@ fn run(seed: u64, steps: usize) {
             h.faults.lock()[d].fail_writes_after(Some(n));
         }
         let e = h.e();
+        if std::env::var("AQUIFER_MODEL_TRACE").is_ok() {
+            eprintln!("step {step}: op {op} path {p} faulty {faulty}");
+        }
         match op {
             0..=14 => {
                 let ok = exists_dir(&model, parent(p)) && !model.contains_key(p);
@@ -144,6 +147,9 @@ fn run(seed: u64, steps: usize) {
                         .and_then(|_| e.close(&c, a.ino));
                     match r {
                         Ok(()) => {
+                            if std::env::var("AQUIFER_MODEL_TRACE").is_ok() {
+                                eprintln!("  write {p} off {off} len {len} durable {durable}");
+                            }
                             let mut new = old.clone();
                             let end = off as usize + len;
                             if new.len() < end {
@@ -152,7 +158,12 @@ fn run(seed: u64, steps: usize) {
                             new[off as usize..end].copy_from_slice(&data);
                             model.insert(p.to_string(), Node::File(new));
                         }
-                        Err(err) => assert!(faulty, "seed {seed} step {step}: write failed without a fault: {err}"),
+                        Err(err) => {
+                            if std::env::var("AQUIFER_MODEL_TRACE").is_ok() {
+                                eprintln!("  write {p} off {off} len {len} failed: {err}");
+                            }
+                            assert!(faulty, "seed {seed} step {step}: write failed without a fault: {err}")
+                        }
                     }
                 }
             }
