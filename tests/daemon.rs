@@ -30,6 +30,12 @@ fn first_start_generates_a_private_admin_password_and_restarts_cleanly() {
     assert_eq!(stored.trim(), printed);
     assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
     assert_eq!(std::fs::read_dir(data.join("drives")).unwrap().count(), 6);
+    // Signal only once it serves (before that, SIGTERM simply ends the process).
+    let mut line = String::new();
+    while !line.starts_with("Aquifer is serving") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0, "daemon exited early");
+    }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(wait_timeout(&mut child, Duration::from_secs(60)).unwrap().success());
@@ -83,7 +89,8 @@ fn graceful_restart_keeps_everything() {
 #[test]
 fn kill_9_during_a_write_storm_loses_no_acknowledged_write() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Daemon::start(dir.path(), &[]);
+    // Drives large enough that the storm never fills them.
+    let d = Daemon::start(dir.path(), &["--drive-size", "2GiB"]);
     let acked: Arc<Mutex<HashMap<String, (u64, usize)>>> = Arc::default();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut writers = Vec::new();
@@ -109,7 +116,7 @@ fn kill_9_during_a_write_storm_loses_no_acknowledged_write() {
             }
         }));
     }
-    std::thread::sleep(Duration::from_secs(4));
+    std::thread::sleep(Duration::from_secs(3));
     d.kill9();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for w in writers {
@@ -118,7 +125,7 @@ fn kill_9_during_a_write_storm_loses_no_acknowledged_write() {
     let acked = acked.lock().unwrap().clone();
     assert!(acked.len() > 10, "the storm wrote something: {}", acked.len());
 
-    let d = Daemon::start(dir.path(), &[]);
+    let d = Daemon::start(dir.path(), &["--drive-size", "2GiB"]);
     let c = d.client();
     for (path, (seed, len)) in &acked {
         let r = c.get(d.url(&format!("/api/v1/files/{path}"))).basic_auth("admin", Some(ADMIN_PASSWORD)).send().unwrap();
