@@ -228,6 +228,12 @@ impl Allocator {
     }
 }
 
+/// A stripe whose shard writes are in flight.
+pub(crate) struct PendingStripe {
+    pub rec: StripeRec,
+    pending: Vec<(Placement, IoCompletion<AlignedBuf>)>,
+}
+
 /// A storage pool: a set of drives and the stripe geometry used on them.
 pub(crate) struct Pool {
     pub name: String,
@@ -368,7 +374,22 @@ impl DataStore {
     /// Erasure-codes `data` into a new stripe and writes its shards. The returned record has
     /// refs = 0; the caller commits it with the extents that use it. On error nothing stays
     /// allocated.
+    #[cfg(test)]
     pub fn write_stripe(&self, pool_id: u16, data: &[u8], durable: bool) -> Result<StripeRec> {
+        let ps = self.start_stripe(pool_id, data)?;
+        let rec = self.finish_stripe(ps)?;
+        if durable {
+            if let Err(e) = self.sync_placements(&rec.placements) {
+                self.free_now(&rec);
+                return Err(e);
+            }
+        }
+        Ok(rec)
+    }
+
+    /// Encodes `data` and submits its shard writes without waiting for them, so that several
+    /// stripes can be in flight at once; `finish_stripe` waits.
+    pub fn start_stripe(&self, pool_id: u16, data: &[u8]) -> Result<PendingStripe> {
         let pool = &self.pools[pool_id as usize];
         assert!(!data.is_empty() && data.len() as u64 <= pool.stripe_data_max());
         let shard_bytes = round_up_block(data.len().div_ceil(pool.k) as u64) as usize;
@@ -414,29 +435,6 @@ impl DataStore {
             }
             placements.push(p);
         }
-        let mut failed = None;
-        let mut synced = Vec::new();
-        for (p, c) in pending {
-            match c.wait() {
-                Ok(_) => synced.push(p),
-                Err(e) => {
-                    self.note_io_error(p.drive, "write", &e);
-                    failed = Some(format!("write shard to drive {}: {e}", p.drive));
-                }
-            }
-        }
-        if failed.is_none() && durable {
-            let syncs: Vec<(u32, IoCompletion<()>)> = synced
-                .iter()
-                .filter_map(|p| self.device(p).map(|(dev, _)| (p.drive, dev.sync())))
-                .collect();
-            for (d, c) in syncs {
-                if let Err(e) = c.wait() {
-                    self.note_io_error(d, "write", &e);
-                    failed = Some(format!("sync drive {d}: {e}"));
-                }
-            }
-        }
         let rec = StripeRec {
             pool: pool_id,
             k: pool.k as u8,
@@ -447,11 +445,41 @@ impl DataStore {
             placements,
             crcs,
         };
+        Ok(PendingStripe { rec, pending })
+    }
+
+    /// Waits for a started stripe's shard writes. On error its space is freed.
+    pub fn finish_stripe(&self, ps: PendingStripe) -> Result<StripeRec> {
+        let mut failed = None;
+        for (p, c) in ps.pending {
+            if let Err(e) = c.wait() {
+                self.note_io_error(p.drive, "write", &e);
+                failed = Some(format!("write shard to drive {}: {e}", p.drive));
+            }
+        }
         if let Some(msg) = failed {
-            self.free_now(&rec);
+            self.free_now(&ps.rec);
             return Err(Error::Io(msg));
         }
-        Ok(rec)
+        Ok(ps.rec)
+    }
+
+    /// fdatasyncs every drive named by `placements` (each once), in parallel.
+    pub fn sync_placements(&self, placements: &[Placement]) -> Result<()> {
+        let mut seen = std::collections::BTreeSet::new();
+        let syncs: Vec<(u32, IoCompletion<()>)> = placements
+            .iter()
+            .filter(|p| seen.insert(p.drive))
+            .filter_map(|p| self.device(p).map(|(dev, _)| (p.drive, dev.sync())))
+            .collect();
+        let mut failed = None;
+        for (d, c) in syncs {
+            if let Err(e) = c.wait() {
+                self.note_io_error(d, "write", &e);
+                failed = Some(Error::Io(format!("sync drive {d}: {e}")));
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     fn allocated(rec: &StripeRec) -> impl Iterator<Item = &Placement> {

@@ -37,6 +37,9 @@ const ALL_CFS: &[&str] = &[
     CF_SYSTEM, CF_ORPHANS, CF_UPLOADS, CF_JOBS,
 ];
 
+/// Stripes of one flush whose shard writes may be outstanding together.
+const STRIPES_IN_FLIGHT_MAX: usize = 4;
+
 const KEY_CLUSTER: &[u8] = b"cluster";
 const KEY_NEXT_INO: &[u8] = b"next_ino";
 const KEY_FILES: &[u8] = b"files";
@@ -1699,24 +1702,50 @@ impl Engine {
         let pool = self.pool_of(ino);
         let stripe_max = self.data.pools[pool as usize].stripe_data_max() as usize;
         let mut extents = Vec::new();
-        let mut written = Vec::new();
-        for (off, d) in &segs {
+        let mut in_flight = std::collections::VecDeque::new();
+        let mut failure = None;
+        // Up to STRIPES_IN_FLIGHT_MAX stripes have their shard writes outstanding at once, so
+        // encoding the next stripe overlaps the drives writing the previous ones.
+        'outer: for (off, d) in &segs {
             for (i, chunk) in d.chunks(stripe_max).enumerate() {
-                match self.data.write_stripe(pool, chunk, durable) {
-                    Ok(s) => {
-                        let id = self.alloc_stripe_id();
-                        written.push(s.clone());
-                        extents.push((off + (i * stripe_max) as u64, id, s));
-                    }
-                    Err(e) => {
-                        for s in &written {
-                            self.data.free_now(s);
+                if in_flight.len() >= STRIPES_IN_FLIGHT_MAX {
+                    let (o, ps) = in_flight.pop_front().expect("non-empty");
+                    match self.data.finish_stripe(ps) {
+                        Ok(rec) => extents.push((o, self.alloc_stripe_id(), rec)),
+                        Err(e) => {
+                            failure = Some(e);
+                            break 'outer;
                         }
-                        return Err(e);
+                    }
+                }
+                match self.data.start_stripe(pool, chunk) {
+                    Ok(ps) => in_flight.push_back((off + (i * stripe_max) as u64, ps)),
+                    Err(e) => {
+                        failure = Some(e);
+                        break 'outer;
                     }
                 }
             }
         }
+        for (o, ps) in in_flight {
+            match self.data.finish_stripe(ps) {
+                Ok(rec) => extents.push((o, self.alloc_stripe_id(), rec)),
+                Err(e) => failure = Some(failure.unwrap_or(e)),
+            }
+        }
+        if failure.is_none() && durable {
+            let placements: Vec<_> = extents.iter().flat_map(|(_, _, r)| r.placements.iter().copied()).collect();
+            if let Err(e) = self.data.sync_placements(&placements) {
+                failure = Some(e);
+            }
+        }
+        if let Some(e) = failure {
+            for (_, _, rec) in &extents {
+                self.data.free_now(rec);
+            }
+            return Err(e);
+        }
+        let written: Vec<StripeRec> = extents.iter().map(|(_, _, r)| r.clone()).collect();
         let cmd = Command::WriteExtents { ino, extents, inline: None, size_at_least: size, now: self.now() };
         match self.execute(cmd, durable) {
             Ok(_) => Ok(()),

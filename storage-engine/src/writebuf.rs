@@ -36,6 +36,17 @@ impl WriteBuffer {
             return;
         }
         let end = off + data.len() as u64;
+        // Fast path for sequential writers: append to the segment ending exactly here.
+        let prev = self.segs.range(..off).next_back().map(|(o, d)| (*o, *o + d.len() as u64));
+        if let Some((o, prev_end)) = prev {
+            if prev_end == off && !self.segs_after_touch(off, end) {
+                self.segs.get_mut(&o).expect("segment exists").extend_from_slice(data);
+                self.bytes += data.len();
+                self.size = self.size.max(end);
+                self.mtime_ns = self.mtime_ns.max(now);
+                return;
+            }
+        }
         let mut start = off;
         let mut stop = end;
         let touching: Vec<u64> = self
@@ -62,6 +73,11 @@ impl WriteBuffer {
         self.segs.insert(start, buf);
         self.size = self.size.max(end);
         self.mtime_ns = self.mtime_ns.max(now);
+    }
+
+    /// Whether any segment starts within [off, end].
+    fn segs_after_touch(&self, off: u64, end: u64) -> bool {
+        self.segs.range(off..=end).next().is_some()
     }
 
     /// Copies buffered bytes over `out`, which holds the file's bytes at `off`.
