@@ -108,6 +108,10 @@ fn run(seed: u64, steps: usize) {
     for step in 0..steps {
         let p = PATHS[rng.below(PATHS.len() as u64) as usize];
         let op = rng.below(100);
+        // Faults last one step; cleared here because some steps end with `continue`.
+        for f in h.faults.lock().iter() {
+            f.clear();
+        }
         let faulty = rng.below(8) == 0;
         if faulty {
             let d = rng.below(6) as usize;
