@@ -80,6 +80,18 @@ fn gid_key(gid: u32) -> Vec<u8> {
     k.extend_from_slice(&gid.to_be_bytes());
     k
 }
+fn s3_key(access: &str) -> Vec<u8> {
+    format!("s3/{access}").into_bytes()
+}
+
+/// An S3 access key. The secret is kept as given: SigV4 verification needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3KeyInfo {
+    pub access_key: String,
+    pub user: String,
+    pub created_ns: i64,
+}
+
 fn token_key(id: &str) -> Vec<u8> {
     format!("t/{id}").into_bytes()
 }
@@ -502,6 +514,83 @@ impl Engine {
         }
         let mut batch = WriteBatch::default();
         batch.delete_cf(cf, token_key(id));
+        self.write_identity(batch)
+    }
+
+    /// Issues an S3 access key pair for `user` (admins for anybody, users for themselves).
+    /// With `pair` the given access key and secret are stored (the embedded default takes
+    /// them from the environment); otherwise both are generated. Returns (access, secret).
+    pub fn create_s3_key(&self, caller: &Caller, user: &str, pair: Option<(&str, &str)>) -> Result<(String, String)> {
+        if user != caller.user {
+            require(caller, Role::Admin)?;
+        }
+        let urec = self.get_user_rec(user)?.ok_or(Error::NotFound)?;
+        let (access, secret) = match pair {
+            Some((a, s)) => (a.to_string(), s.to_string()),
+            None => (
+                format!("AQ{}", hex::encode_upper(rand::random::<[u8; 9]>())),
+                hex::encode(rand::random::<[u8; 20]>()),
+            ),
+        };
+        let ok_access = (3..=128).contains(&access.len()) && access.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !ok_access {
+            return Err(Error::InvalidArgument("access key must be 3-128 characters of A-Z, a-z, 0-9, '-', '_', '.'".into()));
+        }
+        if secret.len() < 8 || secret.len() > 128 || !secret.is_ascii() {
+            return Err(Error::InvalidArgument("secret must be 8-128 ASCII characters".into()));
+        }
+        let _g = self.mutate.lock();
+        if self.db.get_cf(self.cf(CF_IDENTITY), s3_key(&access))?.is_some() {
+            return Err(Error::Exists);
+        }
+        let mut e = crate::records::Enc::new(1);
+        e.u32(urec.uid).bytes(secret.as_bytes()).i64(self.now());
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.cf(CF_IDENTITY), s3_key(&access), e.finish());
+        self.write_identity(batch)?;
+        Ok((access, secret))
+    }
+
+    /// The secret and the caller an S3 access key stands for (SigV4 verification).
+    pub fn s3_credentials(&self, access: &str) -> Result<(String, Caller)> {
+        let v = self.db.get_cf(self.cf(CF_IDENTITY), s3_key(access))?.ok_or(Error::Unauthenticated)?;
+        let mut d = crate::records::Dec::new(&v, "s3 key", 1)?;
+        let uid = d.u32()?;
+        let secret = crate::records::utf8(d.bytes()?, "s3 secret")?;
+        let user = self.user_by_uid(uid)?.ok_or(Error::Unauthenticated)?;
+        if user.disabled {
+            return Err(Error::Unauthenticated);
+        }
+        Ok((secret, Self::caller_of(&user, user.role)))
+    }
+
+    pub fn list_s3_keys(&self, caller: &Caller) -> Result<Vec<S3KeyInfo>> {
+        let mut out = Vec::new();
+        for kv in self.db.iterator_cf(self.cf(CF_IDENTITY), IteratorMode::From(b"s3/", Direction::Forward)) {
+            let (k, v) = kv?;
+            if !k.starts_with(b"s3/") {
+                break;
+            }
+            let mut d = crate::records::Dec::new(&v, "s3 key", 1)?;
+            let uid = d.u32()?;
+            let _secret = d.bytes()?;
+            let created_ns = d.i64()?;
+            if uid != caller.uid && caller.role < Role::ReadOnly {
+                continue;
+            }
+            let user = self.user_by_uid(uid)?.map(|u| u.name).unwrap_or_default();
+            out.push(S3KeyInfo { access_key: String::from_utf8_lossy(&k[3..]).into_owned(), user, created_ns });
+        }
+        Ok(out)
+    }
+
+    pub fn delete_s3_key(&self, caller: &Caller, access: &str) -> Result<()> {
+        let (_, owner) = self.s3_credentials(access).map_err(|_| Error::NotFound)?;
+        if owner.uid != caller.uid {
+            require(caller, Role::Admin)?;
+        }
+        let mut batch = WriteBatch::default();
+        batch.delete_cf(self.cf(CF_IDENTITY), s3_key(access));
         self.write_identity(batch)
     }
 

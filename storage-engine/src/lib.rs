@@ -18,7 +18,7 @@ mod writebuf;
 pub use data::{DriveCounters, DriveInfo, DriveState};
 pub use engine::{Clock, DriveConfig, DriveWrapper, Engine, EngineConfig, Health, PoolConfig, PoolInfo, SystemClock};
 pub use error::{Error, NameProblem, Result};
-pub use identity::{GroupInfo, NewUser, PASSWORD_BYTES_MIN, TokenInfo, UserInfo, UserUpdate};
+pub use identity::{GroupInfo, NewUser, PASSWORD_BYTES_MIN, S3KeyInfo, TokenInfo, UserInfo, UserUpdate};
 pub use jobs::{JobInfo, JobKind, JobState};
 pub use objects::{LIST_KEYS_MAX, ObjectEntry, ObjectPage, PARTS_MAX, PartInfo, UploadInfo, split_key};
 pub use types::*;

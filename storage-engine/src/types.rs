@@ -181,6 +181,10 @@ impl Caller {
     pub fn system() -> Caller {
         Caller { user: "system".into(), uid: 0, gid: 0, groups: vec![], role: Role::Admin }
     }
+    /// An unauthenticated client where an admin allowed anonymous access: nobody/nogroup.
+    pub fn anonymous() -> Caller {
+        Caller { user: "anonymous".into(), uid: 65534, gid: 65534, groups: vec![], role: Role::User }
+    }
     pub fn in_group(&self, gid: u32) -> bool {
         self.gid == gid || self.groups.contains(&gid)
     }

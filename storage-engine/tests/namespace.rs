@@ -242,3 +242,23 @@ fn change_events_follow_mutations() {
     assert_eq!(kinds[1], ChangeKind::Data);
     assert!(matches!(kinds[2], ChangeKind::Renamed { .. }));
 }
+
+#[test]
+fn s3_keys_map_to_users() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let admin = root();
+    let alice = user(&e, "alice");
+    let (ak, sk) = e.create_s3_key(&alice, "alice", None).unwrap();
+    let (secret, c) = e.s3_credentials(&ak).unwrap();
+    assert_eq!(secret, sk);
+    assert_eq!(c.uid, alice.uid);
+    assert!(matches!(e.create_s3_key(&alice, "admin", None), Err(Error::PermissionDenied)));
+    e.create_s3_key(&admin, "admin", Some(("ADMINKEY", "admin-secret-1"))).unwrap();
+    assert!(matches!(e.create_s3_key(&admin, "admin", Some(("ADMINKEY", "other-secret"))), Err(Error::Exists)));
+    assert!(e.create_s3_key(&admin, "admin", Some(("bad key!", "admin-secret-1"))).is_err());
+    assert_eq!(e.list_s3_keys(&admin).unwrap().len(), 2);
+    assert_eq!(e.list_s3_keys(&alice).unwrap().len(), 1);
+    e.delete_s3_key(&alice, &ak).unwrap();
+    assert!(matches!(e.s3_credentials(&ak), Err(Error::Unauthenticated)));
+}
