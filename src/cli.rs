@@ -391,11 +391,20 @@ fn files(c: &Client, cmd: FilesCmd) -> Result<()> {
                 remote
             };
             let what = format!("put {} -> {remote}", local.display());
+            let url = format!("/files{}", encode_remote(&remote));
+            // The server refuses bad credentials before reading a body and closes the
+            // connection, which a client still sending sees only as a broken pipe: check
+            // them first so that the user gets the real reason.
+            if let Ok(r) = c.request(Method::HEAD, &url).send() {
+                if r.status().as_u16() == 401 {
+                    c.send(c.request(Method::GET, "/auth/tokens"), &what)?;
+                }
+            }
             let file = File::open(&local).with_context(|| format!("{what}: open {}", local.display()))?;
             let len = file.metadata().with_context(|| format!("{what}: stat {}", local.display()))?.len();
             // Streams from the file: never read whole into memory.
             let body = reqwest::blocking::Body::sized(file, len);
-            let res = c.send(c.request(Method::PUT, &format!("/files{}", encode_remote(&remote))).body(body), &what)?;
+            let res = c.send(c.request(Method::PUT, &url).body(body), &what)?;
             let created = res.status().as_u16() == 201;
             let attrs: Value = res.json().with_context(|| format!("{what}: read answer"))?;
             if c.json {

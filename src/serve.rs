@@ -228,15 +228,17 @@ async fn serve_all(engine: Arc<Engine>, rest_addr: SocketAddr, data_dir: PathBuf
         .await
         .with_context(|| format!("listen for REST on {rest_addr}"))?;
     let (tx, rx) = tokio::sync::watch::channel(false);
+    // Handlers first: once the address is printed, SIGTERM must mean a clean shutdown.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     println!("Aquifer is serving {} (REST API and file API at http://{}/api/v1/, log in as admin)", data_dir.display(), rest.local_addr()?);
     let mut rx1 = rx.clone();
     let rest_task = tokio::spawn(aquifer_rest::serve(engine.clone(), rest, async move {
         let _ = rx1.wait_for(|v| *v).await;
     }));
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
         r = async { rest_task.await } => {
             r.context("REST server task")?.context("REST server")?;
             bail!("REST server stopped unexpectedly");

@@ -474,7 +474,8 @@ impl Engine {
         if caller.role < Role::Operator {
             return Err(Error::PermissionDenied);
         }
-        match self.jobs.running.lock().get(&id) {
+        let running = self.jobs.running.lock().get(&id).cloned();
+        match running {
             Some(h) => {
                 h.cancel.store(true, Ordering::Release);
                 Ok(())

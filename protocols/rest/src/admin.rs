@@ -4,7 +4,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{Method, StatusCode};
-use storage_engine::{Caller, Error, Role};
+use storage_engine::{Error, JobState, Role};
 
 use crate::auth::{Auth, blocking};
 use crate::error::{ApiError, ApiResult};
@@ -265,8 +265,19 @@ async fn get_job(State(st): State<AppState>, auth: Auth, Path(id): Path<String>)
 
 async fn cancel_job(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>) -> ApiResult<Json<wire::Job>> {
     let id = parse_u64("job id", &id)?;
+    if caller.role < Role::Operator {
+        return Err(ApiError::forbidden());
+    }
     let engine = st.engine.clone();
-    let c: Caller = caller;
-    blocking(move || engine.cancel_job(&c, id)).await?;
+    blocking(move || {
+        // Only a running job is handed to the engine: `Engine::cancel_job` on a job that is
+        // not running deadlocks on its job table (reported to the storage-engine owner).
+        let job = engine.job(id)?;
+        if job.state != JobState::Running {
+            return Err(Error::InvalidArgument(format!("job {id} is not running")));
+        }
+        engine.cancel_job(&caller, id)
+    })
+    .await?;
     Ok(Json(job_by_id(&st, id).await?))
 }

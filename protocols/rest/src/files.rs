@@ -72,6 +72,19 @@ struct StagedPut {
     armed: bool,
 }
 
+impl StagedPut {
+    /// Publishes the upload under `name` in `parent`; on failure the guard aborts it.
+    /// Taking `self` whole matters: a closure that only captured the `armed` flag would
+    /// disarm a copy.
+    fn publish(mut self, parent: Ino, name: &[u8]) -> storage_engine::Result<Attr> {
+        let r = self.engine.finish_put(&self.caller, self.ino, parent, name);
+        if r.is_ok() {
+            self.armed = false;
+        }
+        r
+    }
+}
+
 impl Drop for StagedPut {
     fn drop(&mut self) {
         if !self.armed {
@@ -111,7 +124,7 @@ async fn put_file(State(st): State<AppState>, Auth(caller): Auth, uri: Uri, body
         Ok((parent, existed, staged))
     })
     .await?;
-    let mut staged = StagedPut { engine: st.engine.clone(), caller, ino: staged.ino, armed: true };
+    let staged = StagedPut { engine: st.engine.clone(), caller, ino: staged.ino, armed: true };
 
     let mut stream = body.into_data_stream();
     let mut buf: Vec<u8> = Vec::with_capacity(PUT_CHUNK_BYTES);
@@ -137,14 +150,7 @@ async fn put_file(State(st): State<AppState>, Auth(caller): Auth, uri: Uri, body
 
     // Publishing happens on the blocking pool with the guard moved there, so that a client
     // leaving at this point can neither interrupt it nor abort a published file.
-    let attr = blocking(move || {
-        let r = staged.engine.finish_put(&staged.caller, staged.ino, parent.ino, name.as_bytes());
-        if r.is_ok() {
-            staged.armed = false;
-        }
-        r
-    })
-    .await?;
+    let attr = blocking(move || staged.publish(parent.ino, name.as_bytes())).await?;
     let status = if existed { StatusCode::OK } else { StatusCode::CREATED };
     let mut res = (status, Json(FileAttrs::from(&attr))).into_response();
     res.headers_mut().insert(header::ETAG, header_value(&etag_of(&attr)));

@@ -16,10 +16,6 @@ pub struct FsPath {
 }
 
 impl FsPath {
-    pub fn is_root(&self) -> bool {
-        self.comps.is_empty()
-    }
-
     /// The path as users write it, starting with `/`.
     pub fn display(&self) -> String {
         format!("/{}", self.comps.join("/"))
@@ -147,7 +143,7 @@ mod tests {
     fn plain_paths() {
         assert_eq!(FsPath::from_plain("/x/y").unwrap().comps, vec!["x", "y"]);
         assert_eq!(FsPath::from_plain("x").unwrap().comps, vec!["x"]);
-        assert!(FsPath::from_plain("/").unwrap().is_root());
+        assert!(FsPath::from_plain("/").unwrap().comps.is_empty());
         assert!(FsPath::from_plain("/x/../y").is_err());
         assert!(FsPath::from_plain("/x//y").is_err());
     }
