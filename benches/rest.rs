@@ -70,7 +70,7 @@ fn main() {
     let dir = tempfile::tempdir_in(&base).expect("bench dir");
     let drive_mib = file_mib / 2 + 512;
     let mut child = Command::new(env!("CARGO_BIN_EXE_aquifer"))
-        .args(["serve", "--rest", "127.0.0.1:0", "--drive-size"])
+        .args(["serve", "--rest", "127.0.0.1:0", "--s3", "127.0.0.1:0", "--nfs", "127.0.0.1:0", "--sftp", "127.0.0.1:0", "--drive-size"])
         .arg(format!("{drive_mib}MiB"))
         .arg("--data-dir")
         .arg(dir.path())
@@ -83,7 +83,7 @@ fn main() {
     let mut addr = String::new();
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
-        if let Some(i) = line.find("http://") {
+        if let (true, Some(i)) = (line.starts_with("Aquifer is serving"), line.find("http://")) {
             addr = line[i + 7..].chars().take_while(|c| *c != '/').collect();
             break;
         }

@@ -17,6 +17,18 @@ pub struct ServeArgs {
     /// Address of the REST API and file API.
     #[arg(long, env = "AQUIFER_REST_LISTEN")]
     rest: Option<SocketAddr>,
+    /// Address of the S3 API.
+    #[arg(long, env = "AQUIFER_S3_LISTEN")]
+    s3: Option<SocketAddr>,
+    /// Base domain for virtual-host style S3 requests (bucket.DOMAIN).
+    #[arg(long)]
+    s3_domain: Option<String>,
+    /// Address of NFSv3 (MOUNT on the same port).
+    #[arg(long, env = "AQUIFER_NFS_LISTEN")]
+    nfs: Option<SocketAddr>,
+    /// Address of SFTP (SSH).
+    #[arg(long, env = "AQUIFER_SFTP_LISTEN")]
+    sftp: Option<SocketAddr>,
     /// TOML configuration (drives, pools, listeners); flags override it.
     #[arg(long, env = "AQUIFER_CONFIG")]
     config: Option<PathBuf>,
@@ -41,12 +53,35 @@ struct ConfigFile {
     pools: Vec<PoolEntry>,
     #[serde(default)]
     engine: EngineEntry,
+    #[serde(default)]
+    exports: Vec<ExportEntry>,
 }
 
 #[derive(Deserialize, Default, Debug)]
 #[serde(deny_unknown_fields)]
 struct Listen {
     rest: Option<SocketAddr>,
+    s3: Option<SocketAddr>,
+    s3_domain: Option<String>,
+    nfs: Option<SocketAddr>,
+    sftp: Option<SocketAddr>,
+}
+
+/// An NFS export in the configuration file.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+struct ExportEntry {
+    path: String,
+    /// `*`, addresses and networks (`10.0.0.0/8`).
+    clients: Vec<String>,
+    #[serde(default)]
+    read_only: bool,
+    #[serde(default = "yes")]
+    root_squash: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Deserialize, Debug)]
@@ -134,7 +169,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let data_dir = args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("aquifer-data"));
     std::fs::create_dir_all(&data_dir).with_context(|| format!("create data dir {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize().with_context(|| format!("resolve {}", data_dir.display()))?;
-    let rest_addr = args.rest.or(file.listen.rest).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("address"));
+    let addr = |a: Option<SocketAddr>, f: Option<SocketAddr>, default: &str| a.or(f).unwrap_or_else(|| default.parse().expect("address"));
+    let listen = Listeners {
+        rest: addr(args.rest, file.listen.rest, "127.0.0.1:8080"),
+        s3: addr(args.s3, file.listen.s3, "127.0.0.1:9000"),
+        s3_domain: args.s3_domain.clone().or(file.listen.s3_domain.clone()),
+        nfs: addr(args.nfs, file.listen.nfs, "127.0.0.1:2049"),
+        sftp: addr(args.sftp, file.listen.sftp, "127.0.0.1:2222"),
+        // The embedded default exports / to this machine only, without root squash, so the
+        // local admin can use it as root.
+        exports: if file.exports.is_empty() {
+            vec![aquifer_nfs::Export { path: "/".into(), clients: vec!["127.0.0.1".into()], read_only: false, root_squash: false }]
+        } else {
+            file.exports
+                .iter()
+                .map(|e| aquifer_nfs::Export { path: e.path.clone(), clients: e.clients.clone(), read_only: e.read_only, root_squash: e.root_squash })
+                .collect()
+        },
+    };
 
     let mut cfg = EngineConfig::with_file_drives(&data_dir, 6, args.drive_size, 4, 2);
     if !file.drives.is_empty() {
@@ -186,13 +238,28 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let engine = Engine::open(cfg).context("open storage engine")?;
     if fresh {
         let path = data_dir.join("admin-password");
-        let pw = generated.as_deref().unwrap_or_else(|| "(set from AQUIFER_ADMIN_PASSWORD)");
         if let Some(p) = &generated {
             write_secret(&path, &format!("{p}\n"))?;
-            println!("Created user admin with password {pw}");
+            println!("Created user admin with password {p}");
             println!("(written to {}, readable by this user only; shown only this once)", path.display());
         } else {
             println!("Created user admin with the password from AQUIFER_ADMIN_PASSWORD");
+        }
+        // S3 credentials for admin: from the environment, else generated and kept.
+        let admin = storage_engine::Caller::system();
+        let given = match (std::env::var("AQUIFER_S3_ACCESS_KEY"), std::env::var("AQUIFER_S3_SECRET_KEY")) {
+            (Ok(a), Ok(s)) if !a.is_empty() && !s.is_empty() => Some((a, s)),
+            _ => None,
+        };
+        let (access, secret) = engine
+            .create_s3_key(&admin, "admin", given.as_ref().map(|(a, s)| (a.as_str(), s.as_str())))
+            .context("create admin's S3 key")?;
+        if given.is_none() {
+            let path = data_dir.join("admin-s3-credentials");
+            write_secret(&path, &format!("AWS_ACCESS_KEY_ID={access}\nAWS_SECRET_ACCESS_KEY={secret}\n"))?;
+            println!("Created S3 access key {access} for admin (secret in {})", path.display());
+        } else {
+            println!("Created S3 access key {access} for admin from AQUIFER_S3_ACCESS_KEY");
         }
     }
     let health = engine.health();
@@ -201,7 +268,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("aquifer-rt").build()?;
-    let res = rt.block_on(serve_all(engine.clone(), rest_addr, data_dir.clone()));
+    let res = rt.block_on(serve_all(engine.clone(), listen, data_dir.clone()));
     tracing::info!("shutting down");
     let shut = engine.shutdown();
     drop(rt);
@@ -223,29 +290,78 @@ fn getrandom(buf: &mut [u8]) {
         .expect("read /dev/urandom");
 }
 
-async fn serve_all(engine: Arc<Engine>, rest_addr: SocketAddr, data_dir: PathBuf) -> Result<()> {
-    let rest = tokio::net::TcpListener::bind(rest_addr)
-        .await
-        .with_context(|| format!("listen for REST on {rest_addr}"))?;
+struct Listeners {
+    rest: SocketAddr,
+    s3: SocketAddr,
+    s3_domain: Option<String>,
+    nfs: SocketAddr,
+    sftp: SocketAddr,
+    exports: Vec<aquifer_nfs::Export>,
+}
+
+async fn bind(what: &str, addr: SocketAddr) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listen for {what} on {addr}"))
+}
+
+async fn serve_all(engine: Arc<Engine>, listen: Listeners, data_dir: PathBuf) -> Result<()> {
+    let rest = bind("REST", listen.rest).await?;
+    let s3 = bind("S3", listen.s3).await?;
+    let nfs = bind("NFS", listen.nfs).await?;
+    let sftp = bind("SFTP", listen.sftp).await?;
+    let (rest_at, s3_at, nfs_at, sftp_at) = (rest.local_addr()?, s3.local_addr()?, nfs.local_addr()?, sftp.local_addr()?);
     let (tx, rx) = tokio::sync::watch::channel(false);
     // Handlers first: once the address is printed, SIGTERM must mean a clean shutdown.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    println!("Aquifer is serving {} (REST API and file API at http://{}/api/v1/, log in as admin)", data_dir.display(), rest.local_addr()?);
-    let mut rx1 = rx.clone();
-    let rest_task = tokio::spawn(aquifer_rest::serve(engine.clone(), rest, async move {
-        let _ = rx1.wait_for(|v| *v).await;
-    }));
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-        r = async { rest_task.await } => {
-            r.context("REST server task")?.context("REST server")?;
-            bail!("REST server stopped unexpectedly");
+    let stopped = move || {
+        let mut rx = rx.clone();
+        async move {
+            let _ = rx.wait_for(|v| *v).await;
+        }
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn({
+        let f = aquifer_rest::serve(engine.clone(), rest, stopped());
+        async move { ("REST", f.await.map_err(anyhow::Error::from)) }
+    });
+    tasks.spawn({
+        let opts = aquifer_s3::S3Options { domain: listen.s3_domain.clone() };
+        let f = aquifer_s3::serve(engine.clone(), s3, opts, stopped());
+        async move { ("S3", f.await) }
+    });
+    tasks.spawn({
+        let f = aquifer_nfs::serve(engine.clone(), nfs, listen.exports.clone(), stopped());
+        async move { ("NFS", f.await) }
+    });
+    tasks.spawn({
+        let opts = aquifer_sftp::SftpOptions::new(data_dir.join("ssh_host_ed25519_key"));
+        let f = aquifer_sftp::serve(engine.clone(), sftp, opts, stopped());
+        async move { ("SFTP", f.await) }
+    });
+    println!(
+        "S3 at s3://{s3_at}, NFSv3 at nfs://{nfs_at} (MOUNT on the same port), SFTP at sftp://{sftp_at}"
+    );
+    println!(
+        "Aquifer is serving {} (REST API and file API at http://{}/api/v1/, log in as admin)",
+        data_dir.display(),
+        rest_at
+    );
+    let outcome = tokio::select! {
+        _ = term.recv() => { tracing::info!("SIGTERM received"); Ok(()) }
+        _ = int.recv() => { tracing::info!("SIGINT received"); Ok(()) }
+        Some(r) = tasks.join_next() => match r {
+            Ok((what, Ok(()))) => Err(anyhow::anyhow!("{what} server stopped unexpectedly")),
+            Ok((what, Err(e))) => Err(e.context(format!("{what} server"))),
+            Err(e) => Err(anyhow::anyhow!("server task: {e}")),
+        },
+    };
+    let _ = tx.send(true);
+    while let Some(r) = tasks.join_next().await {
+        if let Ok((what, Err(e))) = r {
+            tracing::error!("{what} server: {e:#}");
         }
     }
-    let _ = tx.send(true);
-    Ok(())
+    outcome
 }
 
 #[cfg(test)]

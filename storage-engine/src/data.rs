@@ -261,6 +261,8 @@ pub(crate) struct DataStore {
     pending_free: Mutex<(u64, std::collections::VecDeque<(u64, u32, u32, u64, u64)>)>,
     /// Consecutive I/O errors after which a drive is taken offline.
     pub drive_errors_max: u64,
+    /// Bit i: drive i has writes that were not fdatasynced yet.
+    dirty: AtomicU64,
 }
 
 fn round_up_block(n: u64) -> u64 {
@@ -269,6 +271,7 @@ fn round_up_block(n: u64) -> u64 {
 
 impl DataStore {
     pub fn new(drives: Vec<DriveSlot>, pools: Vec<Pool>) -> DataStore {
+        assert!(drives.len() <= 64, "a node holds at most 64 drives");
         let alloc = drives.iter().map(|d| Allocator::new(d.capacity_bytes)).collect();
         DataStore {
             drives: RwLock::new(drives),
@@ -276,6 +279,7 @@ impl DataStore {
             pools,
             pending_free: Mutex::new((0, std::collections::VecDeque::new())),
             drive_errors_max: 16,
+            dirty: AtomicU64::new(0),
         }
     }
 
@@ -371,23 +375,8 @@ impl DataStore {
         Ok(out)
     }
 
-    /// Erasure-codes `data` into a new stripe and writes its shards. The returned record has
-    /// refs = 0; the caller commits it with the extents that use it. On error nothing stays
-    /// allocated.
-    #[cfg(test)]
-    pub fn write_stripe(&self, pool_id: u16, data: &[u8], durable: bool) -> Result<StripeRec> {
-        let ps = self.start_stripe(pool_id, data)?;
-        let rec = self.finish_stripe(ps)?;
-        if durable {
-            if let Err(e) = self.sync_placements(&rec.placements) {
-                self.free_now(&rec);
-                return Err(e);
-            }
-        }
-        Ok(rec)
-    }
-
-    /// Encodes `data` and submits its shard writes without waiting for them, so that several
+    /// Erasure-codes `data` into a new stripe (refs = 0; the caller commits it with the extents
+    /// that use it) and submits its shard writes without waiting for them, so that several
     /// stripes can be in flight at once; `finish_stripe` waits.
     pub fn start_stripe(&self, pool_id: u16, data: &[u8]) -> Result<PendingStripe> {
         let pool = &self.pools[pool_id as usize];
@@ -461,20 +450,32 @@ impl DataStore {
             self.free_now(&ps.rec);
             return Err(Error::Io(msg));
         }
+        for p in Self::allocated(&ps.rec) {
+            self.dirty.fetch_or(1 << p.drive, Ordering::AcqRel);
+        }
         Ok(ps.rec)
     }
 
-    /// fdatasyncs every drive named by `placements` (each once), in parallel.
-    pub fn sync_placements(&self, placements: &[Placement]) -> Result<()> {
-        let mut seen = std::collections::BTreeSet::new();
-        let syncs: Vec<(u32, IoCompletion<()>)> = placements
-            .iter()
-            .filter(|p| seen.insert(p.drive))
-            .filter_map(|p| self.device(p).map(|(dev, _)| (p.drive, dev.sync())))
-            .collect();
+    /// fdatasyncs every drive written since its last sync, in parallel. Data written by
+    /// unstable flushes becomes durable here, before the metadata that names it is synced.
+    pub fn sync_dirty(&self) -> Result<()> {
+        let bits = self.dirty.swap(0, Ordering::AcqRel);
+        if bits == 0 {
+            return Ok(());
+        }
+        let devs: Vec<(u32, Arc<dyn BlockDevice>)> = {
+            let drives = self.drives.read();
+            (0..64u32)
+                .filter(|i| bits & (1 << i) != 0)
+                .filter_map(|i| drives.get(i as usize).and_then(|d| d.dev.clone()).map(|dev| (i, dev)))
+                .collect()
+        };
+        let syncs: Vec<(u32, IoCompletion<()>)> = devs.iter().map(|(i, dev)| (*i, dev.sync())).collect();
         let mut failed = None;
         for (d, c) in syncs {
             if let Err(e) = c.wait() {
+                // Still dirty: the next durable operation tries again.
+                self.dirty.fetch_or(1 << d, Ordering::AcqRel);
                 self.note_io_error(d, "write", &e);
                 failed = Some(Error::Io(format!("sync drive {d}: {e}")));
             }

@@ -1651,11 +1651,18 @@ impl Engine {
 
     /// Writes every buffered byte of `ino` to stripes and commits the extents.
     pub(crate) fn flush(&self, ino: Ino, durable: bool) -> Result<()> {
-        let Some(buf) = self.buffer_of(ino) else { return Ok(()) };
+        let Some(buf) = self.buffer_of(ino) else {
+            return if durable { self.data.sync_dirty() } else { Ok(()) };
+        };
         let mut b = buf.lock();
         let segs = b.take_all();
         let size = b.size;
-        let res = if segs.is_empty() { Ok(()) } else { self.write_segments(ino, segs, size, durable) };
+        let res = if segs.is_empty() {
+            // Nothing buffered, but earlier unstable flushes may still be unsynced.
+            if durable { self.data.sync_dirty() } else { Ok(()) }
+        } else {
+            self.write_segments(ino, segs, size, durable)
+        };
         if res.is_err() {
             self.forget_failed(ino, &mut b);
         }
@@ -1734,8 +1741,8 @@ impl Engine {
             }
         }
         if failure.is_none() && durable {
-            let placements: Vec<_> = extents.iter().flat_map(|(_, _, r)| r.placements.iter().copied()).collect();
-            if let Err(e) = self.data.sync_placements(&placements) {
+            // Also covers stripes of this file's earlier unstable flushes.
+            if let Err(e) = self.data.sync_dirty() {
                 failure = Some(e);
             }
         }

@@ -264,7 +264,9 @@ impl Engine {
 
     /// Joins the named parts, in the order given, into the object and publishes it
     /// atomically. No data is copied: the parts' stripes become the object's.
-    pub fn multipart_complete(&self, caller: &Caller, id: &str, numbers: &[u32]) -> Result<Attr> {
+    /// `xattrs` are set on the object before it becomes visible (ETag, content type, user
+    /// metadata), so no reader sees it without them.
+    pub fn multipart_complete(&self, caller: &Caller, id: &str, numbers: &[u32], xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<Attr> {
         let u = self.multipart_get(caller, id)?;
         if numbers.is_empty() {
             return Err(Error::InvalidArgument("no parts named".into()));
@@ -294,6 +296,9 @@ impl Engine {
         wo.set_sync(true);
         self.db.write_opt(batch, &wo)?;
         self.concat(target.ino, inos)?;
+        for (k, v) in xattrs {
+            self.setxattr(caller, target.ino, k, v)?;
+        }
         let attr = self.finish_put(caller, target.ino, parent, name.as_bytes())?;
         self.drop_upload(id, &keep)?;
         Ok(attr)

@@ -75,10 +75,12 @@ fn multipart_concatenates_without_copying_and_cleans_up() {
     assert_eq!(listed.iter().map(|p| p.number).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
     assert_eq!(listed[1].tag, b"tag-new");
     assert_eq!(e.multipart_list_uploads(&c, b.ino).unwrap().len(), 1);
-    assert!(matches!(e.multipart_complete(&c, &id, &[1, 5]), Err(Error::InvalidArgument(_))));
-    assert!(matches!(e.multipart_complete(&c, &id, &[2, 1]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(e.multipart_complete(&c, &id, &[1, 5], &[]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(e.multipart_complete(&c, &id, &[2, 1], &[]), Err(Error::InvalidArgument(_))));
     // Complete with parts 1, 2 and 4; part 3 is discarded.
-    e.multipart_complete(&c, &id, &[1, 2, 4]).unwrap();
+    e.multipart_complete(&c, &id, &[1, 2, 4], &[(b"user.etag".to_vec(), b"abc-3".to_vec())]).unwrap();
+    let obj = e.resolve(&c, "/bkt/deep/obj").unwrap();
+    assert_eq!(e.getxattr(&c, obj.ino, b"user.etag").unwrap(), b"abc-3");
     let mut want = parts[0].clone();
     want.extend_from_slice(&p2);
     want.extend_from_slice(&parts[3]);

@@ -7,10 +7,16 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const ADMIN_PASSWORD: &str = "e2e-admin-password";
+pub const S3_ACCESS: &str = "E2EADMINKEY";
+pub const S3_SECRET: &str = "e2e-admin-s3-secret";
 
 pub struct Daemon {
     pub child: Child,
     pub rest: String,
+    /// host:port of S3, NFS and SFTP.
+    pub s3: String,
+    pub nfs: String,
+    pub sftp: String,
     pub data_dir: PathBuf,
 }
 
@@ -25,10 +31,12 @@ impl Daemon {
             .arg("serve")
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--rest", "127.0.0.1:0"])
+            .args(["--rest", "127.0.0.1:0", "--s3", "127.0.0.1:0", "--nfs", "127.0.0.1:0", "--sftp", "127.0.0.1:0"])
             .args(if extra.contains(&"--drive-size") { &[][..] } else { &["--drive-size", "256MiB"][..] })
             .args(extra)
             .env("AQUIFER_ADMIN_PASSWORD", ADMIN_PASSWORD)
+            .env("AQUIFER_S3_ACCESS_KEY", S3_ACCESS)
+            .env("AQUIFER_S3_SECRET_KEY", S3_SECRET)
             .env("AQUIFER_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -37,16 +45,22 @@ impl Daemon {
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            let after = |line: &str, scheme: &str| -> String {
+                line.find(scheme).map(|i| line[i + scheme.len()..].chars().take_while(|c| *c != '/' && *c != ',' && *c != ' ').collect()).unwrap_or_default()
+            };
+            let mut others = (String::new(), String::new(), String::new());
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if let Some(i) = line.find("http://") {
-                    let addr: String = line[i + 7..].chars().take_while(|c| *c != '/').collect();
-                    let _ = tx.send(addr);
+                if line.starts_with("S3 at") {
+                    others = (after(&line, "s3://"), after(&line, "nfs://"), after(&line, "sftp://"));
+                }
+                if line.starts_with("Aquifer is serving") {
+                    let _ = tx.send((after(&line, "http://"), others.clone()));
                 }
             }
         });
-        let rest = rx.recv_timeout(Duration::from_secs(60)).expect("daemon printed its REST address");
-        let d = Daemon { child, rest, data_dir: data_dir.to_path_buf() };
+        let (rest, (s3, nfs, sftp)) = rx.recv_timeout(Duration::from_secs(60)).expect("daemon printed its addresses");
+        let d = Daemon { child, rest, s3, nfs, sftp, data_dir: data_dir.to_path_buf() };
         d.wait_healthy();
         d
     }

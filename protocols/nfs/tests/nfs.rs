@@ -1,0 +1,417 @@
+//! End-to-end tests of the NFSv3 service: libnfs's command-line client (`libnfs-utils`), the
+//! `nfs3_client` crate, and raw RPC records over TCP.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aquifer_nfs::Export;
+use nfs3_client::nfs3_types::nfs3::*;
+use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
+use nfs3_client::nfs3_types::xdr_codec::Opaque;
+use nfs3_client::tokio::TokioIo;
+use storage_engine::{Caller, Engine, EngineConfig, Stability};
+use tokio::sync::oneshot;
+
+fn config(dir: &Path) -> EngineConfig {
+    let mut c = EngineConfig::with_file_drives(dir, 6, 64 << 20, 4, 2);
+    c.shard_bytes_max = 16 * 1024;
+    c.inline_bytes_max = 4096;
+    c.write_buffer_bytes_max = 256 * 1024;
+    c.argon2_memory_kib = 64;
+    c.admin_password = Some("admin-password".into());
+    c.wal_sync_interval_ms = 50;
+    c
+}
+
+fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn export(path: &str) -> Export {
+    Export { path: path.into(), clients: vec!["127.0.0.1".into()], read_only: false, root_squash: false }
+}
+
+/// An NFS service on an ephemeral port, stopped when dropped.
+struct Server {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Server {
+    async fn start(engine: Arc<Engine>, exports: Vec<Export>) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(aquifer_nfs::serve(engine, listener, exports, async {
+            let _ = rx.await;
+        }));
+        Server { addr, stop: Some(tx), task: Some(task) }
+    }
+
+    /// libnfs reads `nfs://host/EXPORT/PATH`; the root export is therefore `//PATH`.
+    fn url(&self, export_and_path: &str) -> String {
+        let p = self.addr.port();
+        format!("nfs://127.0.0.1{export_and_path}?nfsport={p}&mountport={p}&version=3")
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.expect("join").expect("serve");
+    }
+}
+
+/// Runs one of libnfs's tools; a missing tool fails the test with the package to install.
+async fn libnfs(tool: &str, args: Vec<String>) -> std::process::Output {
+    let tool = tool.to_string();
+    tokio::task::spawn_blocking(move || {
+        Command::new(&tool).args(&args).output().unwrap_or_else(|e| {
+            panic!("cannot run {tool} ({e}): install the Debian package libnfs-utils (scripts/deps.sh)")
+        })
+    })
+    .await
+    .unwrap()
+}
+
+fn ok(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn read_all(e: &Engine, path: &str) -> Vec<u8> {
+    let c = Caller::system();
+    let a = e.resolve(&c, path).expect("resolve");
+    e.read(&c, a.ino, 0, a.size as usize + 1).expect("read")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nfs_cp_copies_files_in_and_out_bit_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let server = Server::start(engine.clone(), vec![export("/")]).await;
+    let work = tempfile::tempdir().unwrap();
+    // Sizes: empty, inline, one stripe plus a bit, several stripes and more than one 1 MiB WRITE.
+    for (i, len) in [0usize, 1000, 70_000, 3 * 1024 * 1024 + 17].into_iter().enumerate() {
+        let data = bytes(i as u64 + 1, len);
+        let local = work.path().join(format!("in-{i}"));
+        std::fs::write(&local, &data).unwrap();
+        let out = libnfs("nfs-cp", vec![local.display().to_string(), server.url(&format!("//file-{i}.bin"))]).await;
+        ok(&out, "nfs-cp in");
+        assert_eq!(read_all(&engine, &format!("/file-{i}.bin")), data, "engine sees the bytes written over NFS ({len} bytes)");
+        let back = work.path().join(format!("out-{i}"));
+        let out = libnfs("nfs-cp", vec![server.url(&format!("//file-{i}.bin")), back.display().to_string()]).await;
+        ok(&out, "nfs-cp out");
+        assert_eq!(std::fs::read(&back).unwrap(), data, "bytes read back over NFS ({len} bytes)");
+    }
+    let out = libnfs("nfs-cat", vec![server.url("//file-1.bin")]).await;
+    ok(&out, "nfs-cat");
+    assert_eq!(out.stdout, bytes(2, 1000));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nfs_ls_lists_a_large_directory_and_subdirectory_exports() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let c = Caller::system();
+    let d = engine.mkdir(&c, storage_engine::ROOT_INO, b"projects", 0o755).unwrap();
+    let mut names: Vec<String> = (0..600).map(|i| format!("entry-with-a-longish-name-{i:04}")).collect();
+    for n in &names {
+        engine.create(&c, d.ino, n.as_bytes(), 0o644, true).unwrap();
+    }
+    let server = Server::start(engine.clone(), vec![export("/"), export("/projects")]).await;
+    for url in [server.url("/projects/"), server.url("//projects/")] {
+        let out = libnfs("nfs-ls", vec![url.clone()]).await;
+        ok(&out, "nfs-ls");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut seen: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.split_whitespace().last().map(str::to_string))
+            .filter(|n| n != "." && n != "..")
+            .collect();
+        seen.sort();
+        names.sort();
+        assert_eq!(seen, names, "listing of {url}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exports_enforce_client_lists_read_only_and_root_squash() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let c = Caller::system();
+    for name in ["elsewhere", "ro", "squashed"] {
+        engine.mkdir(&c, storage_engine::ROOT_INO, name.as_bytes(), 0o755).unwrap();
+    }
+    let exports = vec![
+        Export { path: "/elsewhere".into(), clients: vec!["10.0.0.0/8".into()], read_only: false, root_squash: false },
+        Export { path: "/ro".into(), clients: vec!["*".into()], read_only: true, root_squash: false },
+        Export { path: "/squashed".into(), clients: vec!["127.0.0.0/8".into()], read_only: false, root_squash: true },
+    ];
+    let server = Server::start(engine.clone(), exports).await;
+    let work = tempfile::tempdir().unwrap();
+    let local = work.path().join("f");
+    std::fs::write(&local, b"hello").unwrap();
+    let out = libnfs("nfs-ls", vec![server.url("/elsewhere/")]).await;
+    assert!(!out.status.success(), "a client outside the export's list must not mount it");
+    let out = libnfs("nfs-cp", vec![local.display().to_string(), server.url("/ro/f")]).await;
+    assert!(!out.status.success(), "a read-only export refuses writes");
+    let out = libnfs("nfs-cp", vec![local.display().to_string(), server.url("/squashed/f")]).await;
+    assert!(!out.status.success(), "squashed root may not write into a directory owned by root");
+    assert!(engine.resolve(&c, "/ro/f").is_err() && engine.resolve(&c, "/squashed/f").is_err());
+    let out = libnfs("nfs-ls", vec![server.url("/ro/")]).await;
+    ok(&out, "nfs-ls of the read-only export");
+    server.stop().await;
+}
+
+fn cred(uid: u32) -> opaque_auth<'static> {
+    opaque_auth::auth_unix(&auth_unix { stamp: 1, machinename: Opaque::owned(b"test".to_vec()), uid, gid: uid, gids: vec![] })
+}
+
+async fn client(addr: SocketAddr) -> nfs3_client::Nfs3Client<TokioIo<tokio::net::TcpStream>> {
+    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    nfs3_client::Nfs3Client::new_with_auth(TokioIo::new(s), cred(0), opaque_auth::default())
+}
+
+async fn mount_root(addr: SocketAddr, path: &str) -> nfs_fh3 {
+    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut m = nfs3_client::MountClient::new_with_auth(TokioIo::new(s), cred(0), opaque_auth::default());
+    let ok = m.mnt(nfs3_client::nfs3_types::mount::dirpath(Opaque::owned(path.as_bytes().to_vec()))).await.expect("mount");
+    nfs_fh3 { data: ok.fhandle.0 }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn handles_survive_a_restart_and_unstable_writes_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = bytes(7, 200_000);
+    let (file_fh, dir_fh, verf_before);
+    {
+        let engine = Engine::open(config(dir.path())).unwrap();
+        let server = Server::start(engine.clone(), vec![export("/")]).await;
+        let root = mount_root(server.addr, "/").await;
+        let mut nfs = client(server.addr).await;
+        let made = nfs
+            .mkdir(&MKDIR3args { where_: diropargs3 { dir: root.clone(), name: filename3(Opaque::owned(b"d".to_vec())) }, attributes: sattr3::default() })
+            .await
+            .unwrap()
+            .unwrap();
+        let Nfs3Option::Some(d) = made.obj else { panic!("mkdir returned no handle") };
+        dir_fh = d;
+        let created = nfs
+            .create(&CREATE3args {
+                where_: diropargs3 { dir: dir_fh.clone(), name: filename3(Opaque::owned(b"f".to_vec())) },
+                how: createhow3::GUARDED(sattr3::default()),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        let Nfs3Option::Some(f) = created.obj else { panic!("create returned no handle") };
+        file_fh = f;
+        let again = nfs
+            .create(&CREATE3args {
+                where_: diropargs3 { dir: dir_fh.clone(), name: filename3(Opaque::owned(b"f".to_vec())) },
+                how: createhow3::GUARDED(sattr3::default()),
+            })
+            .await
+            .unwrap();
+        assert!(matches!(again, Nfs3Result::Err((nfsstat3::NFS3ERR_EXIST, _))), "GUARDED create of an existing name");
+        let mut verf = None;
+        for (i, chunk) in data.chunks(64 * 1024).enumerate() {
+            let w = nfs
+                .write(&WRITE3args {
+                    file: file_fh.clone(),
+                    offset: (i * 64 * 1024) as u64,
+                    count: chunk.len() as u32,
+                    stable: stable_how::UNSTABLE,
+                    data: Opaque::owned(chunk.to_vec()),
+                })
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(w.committed, stable_how::UNSTABLE);
+            verf = Some(w.verf);
+        }
+        let c = nfs.commit(&COMMIT3args { file: file_fh.clone(), offset: 0, count: 0 }).await.unwrap().unwrap();
+        assert_eq!(Some(c.verf), verf, "COMMIT verifier matches the WRITE verifier of the same run");
+        verf_before = c.verf;
+        server.stop().await;
+        engine.shutdown().unwrap();
+    }
+    let engine = Engine::open(config(dir.path())).unwrap();
+    assert_eq!(read_all(&engine, "/d/f"), data, "committed data survives the restart");
+    let server = Server::start(engine.clone(), vec![export("/")]).await;
+    let mut nfs = client(server.addr).await;
+    let attr = nfs.getattr(&GETATTR3args { object: file_fh.clone() }).await.unwrap().unwrap();
+    assert_eq!(attr.obj_attributes.size, data.len() as u64, "old file handle is valid after restart");
+    let looked = nfs
+        .lookup(&LOOKUP3args { what: diropargs3 { dir: dir_fh.clone(), name: filename3(Opaque::owned(b"f".to_vec())) } })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(looked.object, file_fh, "handles are the same across restarts");
+    let r = nfs.read(&READ3args { file: file_fh.clone(), offset: 1000, count: 5000 }).await.unwrap().unwrap();
+    assert_eq!(&r.data[..], &data[1000..6000]);
+    assert!(!r.eof);
+    let w = nfs
+        .write(&WRITE3args { file: file_fh.clone(), offset: 0, count: 3, stable: stable_how::FILE_SYNC, data: Opaque::owned(b"abc".to_vec()) })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.committed, stable_how::FILE_SYNC);
+    assert_ne!(w.verf, verf_before, "the write verifier changes when the service restarts");
+    // A removed file's handle is stale, even if its inode number is used again.
+    nfs.remove(&REMOVE3args { object: diropargs3 { dir: dir_fh.clone(), name: filename3(Opaque::owned(b"f".to_vec())) } })
+        .await
+        .unwrap()
+        .unwrap();
+    let gone = nfs.getattr(&GETATTR3args { object: file_fh.clone() }).await.unwrap();
+    assert!(matches!(gone, Nfs3Result::Err((nfsstat3::NFS3ERR_STALE, _))), "handle of a removed file: {gone:?}");
+    // RMDIR of a file and REMOVE of a directory are refused.
+    let rm = nfs.remove(&REMOVE3args { object: diropargs3 { dir: mount_root(server.addr, "/").await, name: filename3(Opaque::owned(b"d".to_vec())) } }).await.unwrap();
+    assert!(matches!(rm, Nfs3Result::Err(_)), "REMOVE of a directory must fail");
+    server.stop().await;
+}
+
+/// Sends raw bytes and returns what the server answers before closing or going quiet.
+fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+    s.write_all(bytes).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    out
+}
+
+fn record(body: &[u8]) -> Vec<u8> {
+    let mut v = ((body.len() as u32) | 0x8000_0000).to_be_bytes().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+/// An RPC call header for the NFS program with AUTH_SYS uid 0.
+fn call_header(xid: u32, proc_: u32) -> Vec<u8> {
+    let mut v = Vec::new();
+    for w in [xid, 0, 2, 100_003, 3, proc_, 1] {
+        v.extend_from_slice(&w.to_be_bytes());
+    }
+    let mut cred = Vec::new();
+    for w in [0u32, 4] {
+        cred.extend_from_slice(&w.to_be_bytes());
+    }
+    cred.extend_from_slice(b"test");
+    for w in [0u32, 0, 0] {
+        cred.extend_from_slice(&w.to_be_bytes());
+    }
+    v.extend_from_slice(&(cred.len() as u32).to_be_bytes());
+    v.extend_from_slice(&cred);
+    v.extend_from_slice(&[0; 8]); // AUTH_NULL verifier
+    v
+}
+
+/// (xid, accept_stat, first word of the result) of a single accepted reply.
+fn parse_reply(r: &[u8]) -> (u32, u32, Option<u32>) {
+    assert!(r.len() >= 28, "short reply {r:?}");
+    let w = |i: usize| u32::from_be_bytes(r[i..i + 4].try_into().unwrap());
+    assert_eq!(w(8), 1, "a reply");
+    assert_eq!(w(12), 0, "accepted");
+    (w(4), w(24), if r.len() >= 32 { Some(w(28)) } else { None })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn malformed_records_get_errors_or_a_closed_connection_never_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let c = Caller::system();
+    let f = engine.create(&c, storage_engine::ROOT_INO, b"f", 0o644, true).unwrap();
+    engine.write(&c, f.ino, 0, b"content", Stability::Durable).unwrap();
+    let server = Server::start(engine.clone(), vec![export("/")]).await;
+    let addr = server.addr;
+    let root = mount_root(addr, "/").await;
+    let root2 = root.clone();
+    tokio::task::spawn_blocking(move || {
+        let root = root2;
+        // Garbage that is not an RPC call: the connection closes without a reply.
+        assert!(raw_exchange(addr, &record(b"this is not XDR at all, not even close")).is_empty());
+        // A record mark claiming 2 GiB (the largest a mark can say) with the last-fragment bit
+        // and one claiming 4 GiB in fragments: refused before any buffer of that size exists.
+        assert!(raw_exchange(addr, &[0xff, 0xff, 0xff, 0xff, 1, 2, 3]).is_empty());
+        let mut frags = Vec::new();
+        frags.extend_from_slice(&0x7fff_ffffu32.to_be_bytes());
+        frags.extend_from_slice(&[0; 64]);
+        assert!(raw_exchange(addr, &frags).is_empty());
+        // A stream that ends inside a record mark.
+        assert!(raw_exchange(addr, &[0x80, 0x00]).is_empty());
+        // Truncated arguments: a GETATTR whose handle length says 64 but carries 3 bytes.
+        let mut call = call_header(7, 1);
+        call.extend_from_slice(&64u32.to_be_bytes());
+        call.extend_from_slice(&[1, 2, 3]);
+        let (xid, stat, _) = parse_reply(&raw_exchange(addr, &record(&call)));
+        assert_eq!((xid, stat), (7, 4), "GARBAGE_ARGS");
+        // An opaque length claiming 4 GiB inside a small record.
+        let mut call = call_header(8, 1);
+        call.extend_from_slice(&u32::MAX.to_be_bytes());
+        let (xid, stat, _) = parse_reply(&raw_exchange(addr, &record(&call)));
+        assert_eq!((xid, stat), (8, 4), "GARBAGE_ARGS for an impossible length");
+        // Forged handles: wrong size, and right shape with a wrong generation.
+        for (xid, fh, want) in [(9u32, vec![0u8; 8], 10001u32), (10, forge(&root, 12345), 70), (11, forge(&root, 0), 70)] {
+            let mut call = call_header(xid, 1);
+            call.extend_from_slice(&(fh.len() as u32).to_be_bytes());
+            call.extend_from_slice(&fh);
+            while call.len() % 4 != 0 {
+                call.push(0);
+            }
+            let (rx, stat, nfs) = parse_reply(&raw_exchange(addr, &record(&call)));
+            assert_eq!((rx, stat, nfs), (xid, 0, Some(want)), "forged handle {fh:?}");
+        }
+        // An unknown program and an unknown procedure.
+        let mut call = call_header(12, 0);
+        call[12..16].copy_from_slice(&100_099u32.to_be_bytes());
+        assert_eq!(parse_reply(&raw_exchange(addr, &record(&call))).1, 1, "PROG_UNAVAIL");
+        let call = call_header(13, 99);
+        assert_eq!(parse_reply(&raw_exchange(addr, &record(&call))).1, 3, "PROC_UNAVAIL");
+    })
+    .await
+    .unwrap();
+    // The service still answers after all of that.
+    let mut nfs = client(addr).await;
+    nfs.null().await.unwrap();
+    let a = nfs.getattr(&GETATTR3args { object: root }).await.unwrap().unwrap();
+    assert_eq!(a.obj_attributes.fileid, storage_engine::ROOT_INO);
+    server.stop().await;
+}
+
+/// The root handle with its generation replaced (or the inode replaced when `generation` is 0).
+fn forge(root: &nfs_fh3, generation: u64) -> Vec<u8> {
+    let mut v = root.data.to_vec();
+    if generation == 0 {
+        v[8..16].copy_from_slice(&999_999u64.to_be_bytes());
+    } else {
+        v[16..24].copy_from_slice(&generation.to_be_bytes());
+    }
+    v
+}
+

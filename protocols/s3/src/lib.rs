@@ -1,0 +1,31 @@
+//! Aquifer's S3 adapter (DESIGN.md §4): buckets are top-level directories of the namespace,
+//! object keys are paths below them. Built on `s3s`, which parses the wire and checks SigV4
+//! (headers, presigned URLs, streaming chunks); this crate maps each operation onto the
+//! storage engine, whose blocking API it always calls through `spawn_blocking`.
+//!
+//! Authentication: an access key is looked up with `Engine::s3_credentials` and the request
+//! runs as that key's user, so the engine checks every permission. Anonymous requests are
+//! refused unless the bucket is marked public-read (see [`meta`]), and then only reads.
+//!
+//! Bodies stream: uploads go to the engine in [`PUT_CHUNK_BYTES`] pieces, downloads come
+//! from it in [`READ_PIECE_BYTES_MAX`] pieces, so memory per request does not grow with the
+//! object. See `README.md` in this crate for the decisions S3 clients can observe.
+
+mod auth;
+mod error;
+mod keys;
+pub mod meta;
+mod server;
+mod service;
+
+pub use keys::KEY_BYTES_MAX;
+pub use meta::{TAG_KEY_BYTES_MAX, TAG_VALUE_BYTES_MAX, TAGS_MAX};
+pub use server::{CONNECTIONS_MAX, SHUTDOWN_GRACE_MS, serve};
+pub use service::{LIST_KEYS_DEFAULT, PART_BYTES_MIN, PUT_CHUNK_BYTES, READ_PIECE_BYTES_MAX};
+
+/// How the S3 listener behaves.
+#[derive(Debug, Clone, Default)]
+pub struct S3Options {
+    /// Base domain for virtual-host style requests (`bucket.DOMAIN`); path style always works.
+    pub domain: Option<String>,
+}

@@ -1,0 +1,168 @@
+//! What the S3 adapter stores in extended attributes, and in which format.
+//!
+//! | xattr | on | value |
+//! |---|---|---|
+//! | `aquifer.s3.etag` | object | `1 <etag> <size> <mtime_ns>`: the ETag and the data state it belongs to |
+//! | `aquifer.s3.meta` | object | JSON: content headers and `x-amz-meta-*` |
+//! | `aquifer.s3.tags` | object | JSON: the tag set as `[[key, value], ...]` |
+//! | `aquifer.s3.public-read` | bucket directory | `1`: anonymous clients may read |
+//!
+//! The ETag is valid while the file's size and mtime are those recorded with it. The engine
+//! bumps an inode's `version` for every attribute change too (setting this very xattr, or a
+//! tag, would invalidate it), while every data change sets mtime; so (size, mtime_ns) is the
+//! validator. A file rewritten through another protocol gets a new mtime and its stale ETag
+//! is recomputed (MD5 of the content) on demand.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+pub const XATTR_ETAG: &[u8] = b"aquifer.s3.etag";
+pub const XATTR_META: &[u8] = b"aquifer.s3.meta";
+pub const XATTR_TAGS: &[u8] = b"aquifer.s3.tags";
+pub const XATTR_PUBLIC_READ: &[u8] = b"aquifer.s3.public-read";
+
+/// An ETag together with the data state (size, mtime) it was computed for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredEtag {
+    pub etag: String,
+    pub size: u64,
+    pub mtime_ns: i64,
+}
+
+impl StoredEtag {
+    pub fn encode(&self) -> Vec<u8> {
+        format!("1 {} {} {}", self.etag, self.size, self.mtime_ns).into_bytes()
+    }
+
+    pub fn decode(b: &[u8]) -> Option<StoredEtag> {
+        let s = std::str::from_utf8(b).ok()?;
+        let mut it = s.split(' ');
+        if it.next()? != "1" {
+            return None;
+        }
+        let etag = it.next()?.to_string();
+        let size = it.next()?.parse().ok()?;
+        let mtime_ns = it.next()?.parse().ok()?;
+        if it.next().is_some() || etag.is_empty() {
+            return None;
+        }
+        Some(StoredEtag { etag, size, mtime_ns })
+    }
+}
+
+/// Content headers and user metadata of an object.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ObjectMeta {
+    pub content_type: Option<String>,
+    pub content_encoding: Option<String>,
+    pub content_disposition: Option<String>,
+    pub content_language: Option<String>,
+    pub cache_control: Option<String>,
+    /// `x-amz-meta-*` without the prefix, names lower-cased.
+    pub user: BTreeMap<String, String>,
+}
+
+const FIELDS: [&str; 5] = ["content-type", "content-encoding", "content-disposition", "content-language", "cache-control"];
+
+impl ObjectMeta {
+    fn fields(&self) -> [&Option<String>; 5] {
+        [&self.content_type, &self.content_encoding, &self.content_disposition, &self.content_language, &self.cache_control]
+    }
+
+    fn fields_mut(&mut self) -> [&mut Option<String>; 5] {
+        [
+            &mut self.content_type,
+            &mut self.content_encoding,
+            &mut self.content_disposition,
+            &mut self.content_language,
+            &mut self.cache_control,
+        ]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self == &ObjectMeta::default()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut m = Map::new();
+        for (name, v) in FIELDS.iter().zip(self.fields()) {
+            if let Some(v) = v {
+                m.insert(name.to_string(), Value::String(v.clone()));
+            }
+        }
+        if !self.user.is_empty() {
+            let user: Map<String, Value> = self.user.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+            m.insert("user".into(), Value::Object(user));
+        }
+        serde_json::to_vec(&Value::Object(m)).expect("a JSON map of strings serializes")
+    }
+
+    /// Decodes what `encode` wrote; unknown or malformed parts are ignored (the object
+    /// stays readable, only the damaged headers are lost).
+    pub fn decode(b: &[u8]) -> ObjectMeta {
+        let mut out = ObjectMeta::default();
+        let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(b) else { return out };
+        for (name, slot) in FIELDS.iter().zip(out.fields_mut()) {
+            if let Some(Value::String(s)) = m.get(*name) {
+                *slot = Some(s.clone());
+            }
+        }
+        if let Some(Value::Object(u)) = m.get("user") {
+            for (k, v) in u {
+                if let Value::String(v) = v {
+                    out.user.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Most tags on one object (as S3).
+pub const TAGS_MAX: usize = 10;
+pub const TAG_KEY_BYTES_MAX: usize = 128;
+pub const TAG_VALUE_BYTES_MAX: usize = 256;
+
+pub(crate) fn encode_tags(tags: &[(String, String)]) -> Vec<u8> {
+    let v: Vec<Value> = tags.iter().map(|(k, v)| Value::Array(vec![Value::String(k.clone()), Value::String(v.clone())])).collect();
+    serde_json::to_vec(&Value::Array(v)).expect("a JSON array of strings serializes")
+}
+
+pub(crate) fn decode_tags(b: &[u8]) -> Vec<(String, String)> {
+    let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(b) else { return vec![] };
+    items
+        .into_iter()
+        .filter_map(|it| match it {
+            Value::Array(mut kv) if kv.len() == 2 => match (kv.pop(), kv.pop()) {
+                (Some(Value::String(v)), Some(Value::String(k))) => Some((k, v)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_etag_round_trips_and_rejects_garbage() {
+        let e = StoredEtag { etag: "\"abc-2\"".into(), size: 7, mtime_ns: -3 };
+        assert_eq!(StoredEtag::decode(&e.encode()), Some(e));
+        assert_eq!(StoredEtag::decode(b"2 x 1 1"), None);
+        assert_eq!(StoredEtag::decode(b"1 x 1"), None);
+        assert_eq!(StoredEtag::decode(b"1 x y 1"), None);
+    }
+
+    #[test]
+    fn object_meta_and_tags_round_trip() {
+        let mut m = ObjectMeta { content_type: Some("text/plain".into()), cache_control: Some("no-cache".into()), ..Default::default() };
+        m.user.insert("color".into(), "blue".into());
+        assert_eq!(ObjectMeta::decode(&m.encode()), m);
+        assert!(ObjectMeta::decode(b"not json").is_empty());
+        let tags = vec![("a".to_string(), "1".to_string()), ("b c".to_string(), String::new())];
+        assert_eq!(decode_tags(&encode_tags(&tags)), tags);
+    }
+}

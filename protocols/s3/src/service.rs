@@ -1,0 +1,1762 @@
+//! The S3 operations on the namespace.
+//!
+//! Every engine call runs on the blocking pool ([`blocking`]). Writes go to an unnamed
+//! staged file that is published atomically (`finish_put`) only after the body arrived
+//! whole and every check passed; a [`Staged`] guard aborts it on any other way out,
+//! including a client that goes away mid-body, so nothing half-written is ever visible and
+//! no space leaks.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use md5::{Digest, Md5};
+use s3s::dto::*;
+use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
+use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ROOT_INO, Stability};
+
+use crate::auth::caller_of;
+use crate::error::{Missing, internal, map_err};
+use crate::keys::{KeyForm, object_key, parse_key};
+use crate::meta::*;
+
+/// Upload bytes collected before one engine write call.
+pub const PUT_CHUNK_BYTES: usize = 1 << 20;
+/// Largest piece read from the engine for a download (one full 4+2 stripe of 1 MiB shards).
+pub const READ_PIECE_BYTES_MAX: usize = 4 << 20;
+/// Download pieces read ahead of the client.
+const READ_AHEAD_PIECES: usize = 2;
+/// Smallest part of a multipart upload except the last (as S3).
+pub const PART_BYTES_MIN: u64 = 5 << 20;
+/// Keys one listing returns when the client does not say (and at most).
+pub const LIST_KEYS_DEFAULT: usize = 1000;
+/// Listings compute a missing ETag only for objects up to this size; larger ones written
+/// through other protocols show a placeholder until a GET or HEAD computes the MD5.
+const LIST_ETAG_COMPUTE_BYTES_MAX: u64 = 8 << 20;
+/// Mode of objects and of the directories PUT creates.
+const FILE_MODE: u32 = 0o644;
+const DIR_MODE: u32 = 0o755;
+/// Objects in one DeleteObjects request (as S3).
+const DELETE_OBJECTS_MAX: usize = 1000;
+
+/// Runs blocking engine work off the async runtime.
+pub(crate) async fn blocking<T, F>(f: F) -> S3Result<T>
+where
+    F: FnOnce() -> S3Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) => Err(internal(format!("blocking task failed: {e}"))),
+    }
+}
+
+fn err(code: S3ErrorCode, msg: impl Into<String>) -> S3Error {
+    S3Error::with_message(code, msg.into())
+}
+
+fn timestamp(ns: i64) -> Timestamp {
+    Timestamp::from(UNIX_EPOCH + Duration::from_nanos(ns.max(0) as u64))
+}
+
+/// Whole seconds, as HTTP dates compare.
+fn seconds(ns: i64) -> i64 {
+    ns.div_euclid(1_000_000_000)
+}
+
+fn ts_seconds(t: &Timestamp) -> i64 {
+    time::OffsetDateTime::from(t.clone()).unix_timestamp()
+}
+
+fn quoted(etag: &str) -> ETag {
+    ETag::Strong(etag.to_string())
+}
+
+pub struct AquiferS3 {
+    engine: Arc<Engine>,
+}
+
+impl AquiferS3 {
+    pub fn new(engine: Arc<Engine>) -> AquiferS3 {
+        AquiferS3 { engine }
+    }
+
+    fn caller<T>(&self, req: &S3Request<T>) -> S3Result<Caller> {
+        caller_of(&self.engine, req.credentials.as_ref())
+    }
+}
+
+// ------------------------------------------------------------------ namespace helpers
+
+fn bucket_attr(engine: &Engine, caller: &Caller, bucket: &str) -> S3Result<Attr> {
+    match engine.lookup(caller, ROOT_INO, bucket.as_bytes()) {
+        Ok(a) if a.kind == FileKind::Dir => Ok(a),
+        Ok(_) => Err(S3Error::new(S3ErrorCode::NoSuchBucket)),
+        Err(e) => Err(map_err(e, Missing::Bucket)),
+    }
+}
+
+/// The file holding `key`, or NoSuchKey.
+fn object_attr(engine: &Engine, caller: &Caller, bucket: Ino, key: &str) -> S3Result<Attr> {
+    let (parent, name) = match engine.object_parent(caller, bucket, key, false) {
+        Ok(x) => x,
+        Err(Error::NotFound | Error::NotDir) => return Err(S3Error::new(S3ErrorCode::NoSuchKey)),
+        Err(e) => return Err(map_err(e, Missing::Key)),
+    };
+    match engine.lookup(caller, parent, name.as_bytes()) {
+        Ok(a) if a.kind == FileKind::File => Ok(a),
+        Ok(_) => Err(S3Error::new(S3ErrorCode::NoSuchKey)),
+        Err(e) => Err(map_err(e, Missing::Key)),
+    }
+}
+
+/// The directory a `prefix/` key names, or NoSuchKey.
+fn dir_attr(engine: &Engine, caller: &Caller, bucket: Ino, path: &str) -> S3Result<Attr> {
+    let mut cur = bucket;
+    let mut attr = None;
+    for c in path.split('/') {
+        match engine.lookup(caller, cur, c.as_bytes()) {
+            Ok(a) if a.kind == FileKind::Dir => {
+                cur = a.ino;
+                attr = Some(a);
+            }
+            Ok(_) | Err(Error::NotFound) => return Err(S3Error::new(S3ErrorCode::NoSuchKey)),
+            Err(e) => return Err(map_err(e, Missing::Key)),
+        }
+    }
+    attr.ok_or_else(|| S3Error::new(S3ErrorCode::NoSuchKey))
+}
+
+/// Creates every directory of `path` below `bucket` (a `prefix/` marker PUT).
+fn make_dirs(engine: &Engine, caller: &Caller, bucket: Ino, path: &str) -> S3Result<Attr> {
+    let mut cur = engine.getattr(caller, bucket).map_err(|e| map_err(e, Missing::Bucket))?;
+    for c in path.split('/') {
+        cur = match engine.lookup(caller, cur.ino, c.as_bytes()) {
+            Ok(a) if a.kind == FileKind::Dir => a,
+            Ok(_) => return Err(map_err(Error::NotDir, Missing::Key)),
+            Err(Error::NotFound) => match engine.mkdir(caller, cur.ino, c.as_bytes(), DIR_MODE) {
+                Ok(a) => a,
+                Err(Error::Exists) => engine.lookup(caller, cur.ino, c.as_bytes()).map_err(|e| map_err(e, Missing::Key))?,
+                Err(e) => return Err(map_err(e, Missing::Key)),
+            },
+            Err(e) => return Err(map_err(e, Missing::Key)),
+        };
+    }
+    Ok(cur)
+}
+
+/// Removes the directories of `key` (deepest first) that became empty, up to the bucket:
+/// S3 has no directories, so a prefix must vanish with its last object. Stops at the first
+/// directory that is not empty or that the caller may not remove.
+fn prune_empty_dirs(engine: &Engine, caller: &Caller, bucket: Ino, dirs: &[&str]) {
+    let mut chain = vec![bucket];
+    for d in dirs {
+        match engine.lookup(caller, *chain.last().expect("non-empty"), d.as_bytes()) {
+            Ok(a) if a.kind == FileKind::Dir => chain.push(a.ino),
+            _ => return,
+        }
+    }
+    for i in (0..dirs.len()).rev() {
+        let empty = engine.readdir(caller, chain[i + 1], None, 1).is_ok_and(|p| p.entries.is_empty());
+        if !empty || engine.rmdir(caller, chain[i], dirs[i].as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+fn dirs_of(key: &str) -> Vec<&str> {
+    let mut v: Vec<&str> = key.split('/').collect();
+    v.pop();
+    v
+}
+
+/// Deletes one key; deleting what does not exist succeeds, as in S3.
+fn delete_key(engine: &Engine, caller: &Caller, bucket: Ino, key: &str) -> S3Result<()> {
+    match parse_key(key)? {
+        KeyForm::Dir(path) => {
+            let comps: Vec<&str> = path.split('/').collect();
+            let (name, dirs) = comps.split_last().expect("split yields one part");
+            let parent = if dirs.is_empty() {
+                Ok(bucket)
+            } else {
+                dir_attr(engine, caller, bucket, &dirs.join("/")).map(|a| a.ino)
+            };
+            if let Ok(parent) = parent {
+                match engine.rmdir(caller, parent, name.as_bytes()) {
+                    Ok(()) | Err(Error::NotFound | Error::NotEmpty | Error::NotDir) => {}
+                    Err(e) => return Err(map_err(e, Missing::Key)),
+                }
+                prune_empty_dirs(engine, caller, bucket, dirs);
+            }
+            Ok(())
+        }
+        KeyForm::Object(key) => {
+            let (parent, name) = match engine.object_parent(caller, bucket, key, false) {
+                Ok(x) => x,
+                Err(Error::NotFound | Error::NotDir) => return Ok(()),
+                Err(e) => return Err(map_err(e, Missing::Key)),
+            };
+            match engine.lookup(caller, parent, name.as_bytes()) {
+                Ok(a) if a.kind == FileKind::File => {}
+                Ok(_) | Err(Error::NotFound) => return Ok(()),
+                Err(e) => return Err(map_err(e, Missing::Key)),
+            }
+            match engine.unlink(caller, parent, name.as_bytes()) {
+                Ok(()) | Err(Error::NotFound) => {}
+                Err(e) => return Err(map_err(e, Missing::Key)),
+            }
+            prune_empty_dirs(engine, caller, bucket, &dirs_of(key));
+            Ok(())
+        }
+    }
+}
+
+/// MD5 of a file's content, read in bounded pieces.
+fn md5_of(engine: &Engine, caller: &Caller, ino: Ino, size: u64) -> S3Result<String> {
+    let mut h = Md5::new();
+    let mut off = 0u64;
+    while off < size {
+        let len = READ_PIECE_BYTES_MAX.min((size - off) as usize);
+        let piece = engine.read(caller, ino, off, len).map_err(|e| map_err(e, Missing::Key))?;
+        if piece.is_empty() {
+            break;
+        }
+        h.update(&piece);
+        off += piece.len() as u64;
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+fn stored_etag(engine: &Engine, caller: &Caller, attr: &Attr) -> Option<String> {
+    let v = engine.getxattr(caller, attr.ino, XATTR_ETAG).ok()?;
+    let s = StoredEtag::decode(&v)?;
+    (s.size == attr.size && s.mtime_ns == attr.mtime_ns).then_some(s.etag)
+}
+
+/// Records `etag` for the file's current data state, as the engine itself (it is a cache
+/// of the content, which whoever may read the file may know).
+fn save_etag(engine: &Engine, ino: Ino, etag: &str, attr: &Attr) -> Result<(), Error> {
+    let s = StoredEtag { etag: etag.to_string(), size: attr.size, mtime_ns: attr.mtime_ns };
+    engine.setxattr(&Caller::system(), ino, XATTR_ETAG, &s.encode())
+}
+
+/// The ETag of a file: the stored one when it belongs to the current data, else the MD5 of
+/// the content, computed now and cached.
+fn etag_of(engine: &Engine, caller: &Caller, attr: &Attr) -> S3Result<String> {
+    if let Some(e) = stored_etag(engine, caller, attr) {
+        return Ok(e);
+    }
+    let etag = md5_of(engine, caller, attr.ino, attr.size)?;
+    if let Ok(now) = engine.getattr(caller, attr.ino)
+        && now.size == attr.size && now.mtime_ns == attr.mtime_ns
+            && let Err(e) = save_etag(engine, attr.ino, &etag, attr) {
+                tracing::debug!(ino = attr.ino, error = %e, "cache computed ETag");
+            }
+    Ok(etag)
+}
+
+/// The ETag shown in listings: stored, or computed for small files, or for large files
+/// written through other protocols an opaque placeholder ending in `-0` (clients treat
+/// dashed ETags as not-an-MD5 and do not verify content against them).
+fn list_etag(engine: &Engine, caller: &Caller, attr: &Attr) -> String {
+    if let Some(e) = stored_etag(engine, caller, attr) {
+        return e;
+    }
+    if attr.size <= LIST_ETAG_COMPUTE_BYTES_MAX
+        && let Ok(e) = etag_of(engine, caller, attr) {
+            return e;
+        }
+    let mut h = Md5::new();
+    h.update(attr.ino.to_be_bytes());
+    h.update(attr.generation.to_be_bytes());
+    h.update(attr.size.to_be_bytes());
+    h.update(attr.mtime_ns.to_be_bytes());
+    format!("{}-0", hex::encode(h.finalize()))
+}
+
+fn load_meta(engine: &Engine, caller: &Caller, ino: Ino) -> ObjectMeta {
+    engine.getxattr(caller, ino, XATTR_META).map(|v| ObjectMeta::decode(&v)).unwrap_or_default()
+}
+
+fn load_tags(engine: &Engine, caller: &Caller, ino: Ino) -> Vec<(String, String)> {
+    engine.getxattr(caller, ino, XATTR_TAGS).map(|v| decode_tags(&v)).unwrap_or_default()
+}
+
+/// Parses and checks an `x-amz-tagging` header (URL query form).
+fn parse_tagging_header(h: &str) -> S3Result<Vec<(String, String)>> {
+    let mut tags = Vec::new();
+    for pair in h.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let dec = |s: &str| {
+            urlencoding::decode(&s.replace('+', " "))
+                .map(|c| c.into_owned())
+                .map_err(|_| err(S3ErrorCode::InvalidTag, "tag is not valid UTF-8"))
+        };
+        tags.push((dec(k)?, dec(v)?));
+    }
+    check_tags(&tags)?;
+    Ok(tags)
+}
+
+fn check_tags(tags: &[(String, String)]) -> S3Result<()> {
+    if tags.len() > TAGS_MAX {
+        return Err(err(S3ErrorCode::InvalidTag, format!("at most {TAGS_MAX} tags per object")));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (k, v) in tags {
+        if k.is_empty() || k.len() > TAG_KEY_BYTES_MAX || v.len() > TAG_VALUE_BYTES_MAX {
+            return Err(err(S3ErrorCode::InvalidTag, format!("tag keys are 1-{TAG_KEY_BYTES_MAX} bytes, values at most {TAG_VALUE_BYTES_MAX}")));
+        }
+        if !seen.insert(k) {
+            return Err(err(S3ErrorCode::InvalidTag, "tag keys must be unique"));
+        }
+    }
+    Ok(())
+}
+
+fn meta_from(
+    content_type: Option<String>,
+    content_encoding: Option<String>,
+    content_disposition: Option<String>,
+    content_language: Option<String>,
+    cache_control: Option<String>,
+    user: Option<Metadata>,
+) -> ObjectMeta {
+    ObjectMeta {
+        content_type,
+        content_encoding,
+        content_disposition,
+        content_language,
+        cache_control,
+        user: user.unwrap_or_default().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect(),
+    }
+}
+
+fn user_metadata(m: &ObjectMeta) -> Option<Metadata> {
+    (!m.user.is_empty()).then(|| m.user.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
+/// Sets the S3 xattrs of a staged or fresh file.
+fn write_object_xattrs(engine: &Engine, caller: &Caller, ino: Ino, meta: &ObjectMeta, tags: &[(String, String)]) -> S3Result<()> {
+    if !meta.is_empty() {
+        engine.setxattr(caller, ino, XATTR_META, &meta.encode()).map_err(|e| map_err(e, Missing::Key))?;
+    }
+    if !tags.is_empty() {
+        engine.setxattr(caller, ino, XATTR_TAGS, &encode_tags(tags)).map_err(|e| map_err(e, Missing::Key))?;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ conditions
+
+struct Conditions<'a> {
+    if_match: Option<&'a ETagCondition>,
+    if_none_match: Option<&'a ETagCondition>,
+    if_modified_since: Option<&'a Timestamp>,
+    if_unmodified_since: Option<&'a Timestamp>,
+}
+
+fn etag_matches(cond: &ETagCondition, etag: &str) -> bool {
+    match cond {
+        ETagCondition::Any => true,
+        ETagCondition::ETag(e) => e.value() == etag,
+    }
+}
+
+impl Conditions<'_> {
+    fn any(&self) -> bool {
+        self.if_match.is_some() || self.if_none_match.is_some() || self.if_modified_since.is_some() || self.if_unmodified_since.is_some()
+    }
+
+    /// RFC 9110 §13.2.2 order, as S3 applies it to GET and HEAD: If-Match, else
+    /// If-Unmodified-Since (412); If-None-Match, else If-Modified-Since (304). CopyObject's
+    /// source conditions answer 412 for both (`read` false).
+    fn check(&self, etag: &str, mtime_ns: i64, read: bool) -> S3Result<()> {
+        let mtime = seconds(mtime_ns);
+        if let Some(c) = self.if_match {
+            if !etag_matches(c, etag) {
+                return Err(S3Error::new(S3ErrorCode::PreconditionFailed));
+            }
+        } else if let Some(t) = self.if_unmodified_since
+            && mtime > ts_seconds(t) {
+                return Err(S3Error::new(S3ErrorCode::PreconditionFailed));
+            }
+        let not_modified = if read { S3ErrorCode::NotModified } else { S3ErrorCode::PreconditionFailed };
+        if let Some(c) = self.if_none_match {
+            if etag_matches(c, etag) {
+                return Err(S3Error::new(not_modified));
+            }
+        } else if let Some(t) = self.if_modified_since
+            && mtime <= ts_seconds(t) {
+                return Err(S3Error::new(not_modified));
+            }
+        Ok(())
+    }
+}
+
+/// Conditional PUT: `If-None-Match: *` (create only) and `If-Match` (replace only that ETag).
+/// Checked before the upload; a concurrent writer between check and publish wins or loses
+/// the race like any overwrite.
+fn check_put_conditions(engine: &Engine, caller: &Caller, bucket: Ino, key: &str, if_match: Option<&ETagCondition>, if_none_match: Option<&ETagCondition>) -> S3Result<()> {
+    if if_match.is_none() && if_none_match.is_none() {
+        return Ok(());
+    }
+    let existing = match object_attr(engine, caller, bucket, key) {
+        Ok(a) => Some(etag_of(engine, caller, &a)?),
+        Err(e) if *e.code() == S3ErrorCode::NoSuchKey => None,
+        Err(e) => return Err(e),
+    };
+    if let Some(c) = if_none_match
+        && existing.as_deref().is_some_and(|e| etag_matches(c, e)) {
+            return Err(err(S3ErrorCode::PreconditionFailed, "the object exists"));
+        }
+    if let Some(c) = if_match {
+        match existing {
+            None => return Err(S3Error::new(S3ErrorCode::NoSuchKey)),
+            Some(e) if !etag_matches(c, &e) => return Err(err(S3ErrorCode::PreconditionFailed, "ETag does not match")),
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ staged writes
+
+/// A staged, not yet published file (a put-whole upload or a multipart part). Dropping it
+/// while armed deletes it: that is what happens when a handler returns early or its future
+/// is dropped because the client went away.
+struct Staged {
+    engine: Arc<Engine>,
+    caller: Caller,
+    ino: Ino,
+    armed: bool,
+}
+
+impl Staged {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (engine, caller, ino) = (self.engine.clone(), self.caller.clone(), self.ino);
+        let abort = move || match engine.abort_put(&caller, ino) {
+            Ok(()) | Err(Error::NotFound) => {}
+            Err(e) => tracing::warn!(ino, error = %e, "abort unfinished S3 upload"),
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn_blocking(abort);
+            }
+            Err(_) => abort(),
+        }
+    }
+}
+
+/// Checksums a client asked the server to verify (`x-amz-checksum-*`, in headers or in the
+/// trailer of a streaming upload).
+struct ChecksumCheck {
+    hasher: s3s::checksum::ChecksumHasher,
+    expected: Checksum,
+}
+
+impl ChecksumCheck {
+    fn new(algorithm: Option<&ChecksumAlgorithm>, expected: Checksum) -> S3Result<ChecksumCheck> {
+        let mut hasher = s3s::checksum::ChecksumHasher::default();
+        if expected.checksum_crc32.is_some() {
+            hasher.crc32 = Some(Default::default());
+        }
+        if expected.checksum_crc32c.is_some() {
+            hasher.crc32c = Some(Default::default());
+        }
+        if expected.checksum_sha1.is_some() {
+            hasher.sha1 = Some(Default::default());
+        }
+        if expected.checksum_sha256.is_some() {
+            hasher.sha256 = Some(Default::default());
+        }
+        if expected.checksum_crc64nvme.is_some() {
+            hasher.crc64nvme = Some(Default::default());
+        }
+        if let Some(alg) = algorithm {
+            match alg.as_str() {
+                ChecksumAlgorithm::CRC32 => hasher.crc32 = Some(Default::default()),
+                ChecksumAlgorithm::CRC32C => hasher.crc32c = Some(Default::default()),
+                ChecksumAlgorithm::SHA1 => hasher.sha1 = Some(Default::default()),
+                ChecksumAlgorithm::SHA256 => hasher.sha256 = Some(Default::default()),
+                ChecksumAlgorithm::CRC64NVME => hasher.crc64nvme = Some(Default::default()),
+                other => return Err(err(S3ErrorCode::InvalidArgument, format!("unsupported checksum algorithm {other}"))),
+            }
+        }
+        Ok(ChecksumCheck { hasher, expected })
+    }
+
+    /// Compares against the expected values, taking those from the trailer when the
+    /// upload carried them there.
+    fn verify(self, trailers: Option<&s3s::TrailingHeaders>) -> S3Result<Checksum> {
+        let got = self.hasher.finalize();
+        let mut want = self.expected;
+        if let Some(h) = trailers.and_then(|t| t.take()) {
+            let get = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+            want.checksum_crc32 = want.checksum_crc32.or(get("x-amz-checksum-crc32"));
+            want.checksum_crc32c = want.checksum_crc32c.or(get("x-amz-checksum-crc32c"));
+            want.checksum_sha1 = want.checksum_sha1.or(get("x-amz-checksum-sha1"));
+            want.checksum_sha256 = want.checksum_sha256.or(get("x-amz-checksum-sha256"));
+            want.checksum_crc64nvme = want.checksum_crc64nvme.or(get("x-amz-checksum-crc64nvme"));
+        }
+        let pairs = [
+            ("CRC32", &want.checksum_crc32, &got.checksum_crc32),
+            ("CRC32C", &want.checksum_crc32c, &got.checksum_crc32c),
+            ("SHA1", &want.checksum_sha1, &got.checksum_sha1),
+            ("SHA256", &want.checksum_sha256, &got.checksum_sha256),
+            ("CRC64NVME", &want.checksum_crc64nvme, &got.checksum_crc64nvme),
+        ];
+        for (name, w, g) in pairs {
+            if let Some(w) = w
+                && g.as_ref() != Some(w) {
+                    return Err(err(S3ErrorCode::BadDigest, format!("the {name} checksum of the body does not match")));
+                }
+        }
+        Ok(got)
+    }
+}
+
+/// Streams `body` into the staged file `ino` in [`PUT_CHUNK_BYTES`] writes, hashing as it
+/// goes. Returns (bytes, MD5).
+async fn write_body(engine: &Arc<Engine>, caller: &Caller, ino: Ino, body: StreamingBlob, check: &mut ChecksumCheck) -> S3Result<(u64, [u8; 16])> {
+    let mut body = body;
+    let mut md5 = Md5::new();
+    let mut buf: Vec<u8> = Vec::with_capacity(PUT_CHUNK_BYTES);
+    let mut offset = 0u64;
+    loop {
+        let frame = body.next().await;
+        let done = frame.is_none();
+        if let Some(frame) = frame {
+            let bytes = frame.map_err(|e| err(S3ErrorCode::IncompleteBody, format!("read request body: {e}")))?;
+            md5.update(&bytes);
+            check.hasher.update(&bytes);
+            buf.extend_from_slice(&bytes);
+        }
+        if buf.len() >= PUT_CHUNK_BYTES || (done && !buf.is_empty()) {
+            let chunk = std::mem::replace(&mut buf, Vec::with_capacity(PUT_CHUNK_BYTES));
+            let len = chunk.len() as u64;
+            let (engine, c) = (engine.clone(), caller.clone());
+            blocking(move || engine.write(&c, ino, offset, &chunk, Stability::Unstable).map_err(|e| map_err(e, Missing::Key))).await?;
+            offset += len;
+        }
+        if done {
+            break;
+        }
+    }
+    Ok((offset, md5.finalize().into()))
+}
+
+fn check_content_md5(content_md5: Option<&str>, md5: &[u8; 16]) -> S3Result<()> {
+    let Some(b64) = content_md5 else { return Ok(()) };
+    let want = base64_decode(b64.trim()).ok_or_else(|| err(S3ErrorCode::InvalidDigest, "Content-MD5 is not base64"))?;
+    if want.len() != 16 {
+        return Err(err(S3ErrorCode::InvalidDigest, "Content-MD5 is not 16 bytes"));
+    }
+    if want != md5 {
+        return Err(err(S3ErrorCode::BadDigest, "the Content-MD5 of the body does not match"));
+    }
+    Ok(())
+}
+
+fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => (c - b'A') as u32,
+            b'a'..=b'z' => (c - b'a' + 26) as u32,
+            b'0'..=b'9' => (c - b'0' + 52) as u32,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        })
+    };
+    let s = s.trim_end_matches('=').as_bytes();
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    for chunk in s.chunks(4) {
+        let mut n = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            n |= val(*c)? << (18 - 6 * i);
+        }
+        let bytes = n.to_be_bytes();
+        match chunk.len() {
+            4 => out.extend_from_slice(&bytes[1..4]),
+            3 => out.extend_from_slice(&bytes[1..3]),
+            2 => out.push(bytes[1]),
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// Publishes a staged file under `key` after making its data durable and recording its
+/// ETag and metadata. If the key's directory vanished meanwhile (pruned by a concurrent
+/// delete), it is made again once.
+#[allow(clippy::too_many_arguments)] // one staged object and everything published with it
+fn publish(engine: &Engine, caller: &Caller, bucket: Ino, key: &str, ino: Ino, etag: &str, meta: &ObjectMeta, tags: &[(String, String)]) -> S3Result<Attr> {
+    engine.commit(caller, ino).map_err(|e| map_err(e, Missing::Key))?;
+    let staged = engine.getattr(caller, ino).map_err(|e| map_err(e, Missing::Key))?;
+    save_etag(engine, ino, etag, &staged).map_err(|e| map_err(e, Missing::Key))?;
+    write_object_xattrs(engine, caller, ino, meta, tags)?;
+    let mut tries = 0;
+    loop {
+        let (parent, name) = engine.object_parent(caller, bucket, key, true).map_err(|e| map_err(e, Missing::Key))?;
+        match engine.finish_put(caller, ino, parent, name.as_bytes()) {
+            Ok(a) => return Ok(a),
+            Err(Error::NotFound) if tries == 0 => tries += 1,
+            Err(e) => return Err(map_err(e, Missing::Key)),
+        }
+    }
+}
+
+// ------------------------------------------------------------------ download
+
+/// Streams [start, end) of a file, reading ahead [`READ_AHEAD_PIECES`] pieces. A read error
+/// (e.g. the object was replaced meanwhile) ends the body early, which aborts the response.
+fn read_stream(engine: Arc<Engine>, caller: Caller, ino: Ino, start: u64, end: u64) -> StreamingBlob {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(READ_AHEAD_PIECES);
+    tokio::spawn(async move {
+        let mut off = start;
+        while off < end {
+            let len = READ_PIECE_BYTES_MAX.min((end - off) as usize);
+            let (e, c) = (engine.clone(), caller.clone());
+            let res = match tokio::task::spawn_blocking(move || e.read(&c, ino, off, len)).await {
+                Ok(Ok(p)) if !p.is_empty() => Ok(p),
+                Ok(Ok(_)) => Err("the object shrank while it was read".to_string()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            let piece = match res {
+                Ok(p) => p,
+                Err(m) => {
+                    tracing::debug!(ino, error = %m, "S3 download ended early");
+                    let _ = tx.send(Err(std::io::Error::other(m))).await;
+                    return;
+                }
+            };
+            off += piece.len() as u64;
+            if tx.send(Ok(Bytes::from(piece))).await.is_err() {
+                return; // the client went away
+            }
+        }
+    });
+    StreamingBlob::wrap(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+}
+
+struct ObjectView {
+    attr: Attr,
+    etag: String,
+    meta: ObjectMeta,
+    tags: usize,
+}
+
+/// Looks up an object (or a `prefix/` directory, shown as an empty object) for GET/HEAD.
+fn view_object(engine: &Engine, caller: &Caller, bucket: &str, key: &str) -> S3Result<ObjectView> {
+    let b = bucket_attr(engine, caller, bucket)?;
+    match parse_key(key)? {
+        KeyForm::Dir(path) => {
+            let attr = dir_attr(engine, caller, b.ino, path)?;
+            Ok(ObjectView { etag: hex::encode(Md5::new().finalize()), meta: ObjectMeta::default(), tags: 0, attr: Attr { size: 0, ..attr } })
+        }
+        KeyForm::Object(k) => {
+            let attr = object_attr(engine, caller, b.ino, k)?;
+            let etag = etag_of(engine, caller, &attr)?;
+            let meta = load_meta(engine, caller, attr.ino);
+            let tags = load_tags(engine, caller, attr.ino).len();
+            Ok(ObjectView { attr, etag, meta, tags })
+        }
+    }
+}
+
+fn check_version_id(v: Option<&str>) -> S3Result<()> {
+    match v {
+        None | Some("null") => Ok(()),
+        Some(_) => Err(err(S3ErrorCode::NoSuchVersion, "objects are not versioned; the only version is \"null\"")),
+    }
+}
+
+fn content_range(r: &std::ops::Range<u64>, size: u64) -> String {
+    format!("bytes {}-{}/{}", r.start, r.end - 1, size)
+}
+
+fn parts_count(etag: &str) -> Option<i32> {
+    etag.rsplit_once('-').and_then(|(_, n)| n.parse().ok()).filter(|n| *n > 0)
+}
+
+// ------------------------------------------------------------------ listing
+
+/// URL-encodes a key for `encoding-type=url` answers (everything but unreserved and '/').
+fn url_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn max_keys(v: Option<i32>) -> S3Result<usize> {
+    match v {
+        None => Ok(LIST_KEYS_DEFAULT),
+        Some(n) if n < 0 => Err(err(S3ErrorCode::InvalidArgument, "max-keys must not be negative")),
+        Some(n) => Ok((n as usize).min(LIST_KEYS_DEFAULT)),
+    }
+}
+
+struct Listing {
+    objects: Vec<(String, Attr, String)>,
+    prefixes: Vec<String>,
+    next: Option<String>,
+}
+
+fn list(engine: &Engine, caller: &Caller, bucket: &str, prefix: &str, delimiter: Option<&str>, start_after: &str, max: usize) -> S3Result<Listing> {
+    let b = bucket_attr(engine, caller, bucket)?;
+    if max == 0 {
+        return Ok(Listing { objects: vec![], prefixes: vec![], next: None });
+    }
+    let page = engine
+        .list_objects(caller, b.ino, prefix.as_bytes(), delimiter.map(str::as_bytes), start_after.as_bytes(), max)
+        .map_err(|e| map_err(e, Missing::Bucket))?;
+    let utf8 = |v: Vec<u8>| String::from_utf8(v).map_err(|_| internal("a stored name is not UTF-8"));
+    let mut objects = Vec::with_capacity(page.objects.len());
+    for o in page.objects {
+        let etag = list_etag(engine, caller, &o.attr);
+        objects.push((utf8(o.key)?, o.attr, etag));
+    }
+    let prefixes = page.common_prefixes.into_iter().map(utf8).collect::<S3Result<Vec<_>>>()?;
+    let next = page.next_start_after.map(utf8).transpose()?;
+    Ok(Listing { objects, prefixes, next })
+}
+
+fn owner_of(engine: &Engine, uid: u32) -> Owner {
+    let name = engine.caller_for_uid(uid, 0, &[]).map(|c| c.user).unwrap_or_else(|_| format!("uid:{uid}"));
+    Owner { display_name: Some(name), id: Some(uid.to_string()) }
+}
+
+fn encode_token(key: &str) -> String {
+    hex::encode(key.as_bytes())
+}
+
+fn decode_token(t: &str) -> S3Result<String> {
+    hex::decode(t)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(|| err(S3ErrorCode::InvalidArgument, "the continuation token is not one this server issued"))
+}
+
+// ------------------------------------------------------------------ multipart helpers
+
+fn upload_of(engine: &Engine, caller: &Caller, bucket: &str, key: &str, id: &str) -> S3Result<(Attr, storage_engine::UploadInfo)> {
+    let b = bucket_attr(engine, caller, bucket)?;
+    let u = engine.multipart_get(caller, id).map_err(|e| map_err(e, Missing::Upload))?;
+    if u.bucket != b.ino || u.key != key {
+        return Err(S3Error::new(S3ErrorCode::NoSuchUpload));
+    }
+    Ok((b, u))
+}
+
+fn check_part_number(n: i32) -> S3Result<u32> {
+    if !(1..=storage_engine::PARTS_MAX as i32).contains(&n) {
+        return Err(err(S3ErrorCode::InvalidArgument, format!("part numbers are 1-{}", storage_engine::PARTS_MAX)));
+    }
+    Ok(n as u32)
+}
+
+/// Parses `bytes=a-b` of UploadPartCopy against a source of `size` bytes.
+fn copy_range(r: Option<&str>, size: u64) -> S3Result<(u64, u64)> {
+    let Some(r) = r else { return Ok((0, size)) };
+    let bad = || err(S3ErrorCode::InvalidArgument, "x-amz-copy-source-range must be bytes=first-last");
+    let spec = r.trim().strip_prefix("bytes=").ok_or_else(bad)?;
+    let (a, b) = spec.split_once('-').ok_or_else(bad)?;
+    let a: u64 = a.trim().parse().map_err(|_| bad())?;
+    let b: u64 = b.trim().parse().map_err(|_| bad())?;
+    if a > b || b >= size {
+        return Err(err(S3ErrorCode::InvalidRange, "the copy range is outside the source object"));
+    }
+    Ok((a, b + 1))
+}
+
+/// Copies [start, end) of `src` into the staged file `dst`; returns the MD5.
+fn copy_data(engine: &Engine, caller: &Caller, src: Ino, start: u64, end: u64, dst: Ino) -> S3Result<[u8; 16]> {
+    let mut h = Md5::new();
+    let mut off = start;
+    while off < end {
+        let len = READ_PIECE_BYTES_MAX.min((end - off) as usize);
+        let piece = engine.read(caller, src, off, len).map_err(|e| map_err(e, Missing::Key))?;
+        if piece.is_empty() {
+            return Err(internal("copy source shrank while it was read"));
+        }
+        h.update(&piece);
+        engine.write(caller, dst, off - start, &piece, Stability::Unstable).map_err(|e| map_err(e, Missing::Key))?;
+        off += piece.len() as u64;
+    }
+    Ok(h.finalize().into())
+}
+
+fn copy_source(cs: &CopySource) -> S3Result<(String, String)> {
+    match cs {
+        CopySource::Bucket { bucket, key, version_id } => {
+            check_version_id(version_id.as_deref())?;
+            Ok((bucket.to_string(), key.to_string()))
+        }
+        _ => Err(err(S3ErrorCode::NotImplemented, "copy sources must be bucket/key")),
+    }
+}
+
+fn bucket_is_public(engine: &Engine, caller: &Caller, ino: Ino) -> bool {
+    engine.getxattr(caller, ino, XATTR_PUBLIC_READ).is_ok_and(|v| v == b"1")
+}
+
+// ------------------------------------------------------------------ operations
+
+#[async_trait::async_trait]
+impl S3 for AquiferS3 {
+    async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let buckets = blocking(move || {
+            let mut out = Vec::new();
+            let mut cursor: Option<Vec<u8>> = None;
+            loop {
+                let page = engine.readdir(&caller, ROOT_INO, cursor.as_deref(), 1024).map_err(|e| map_err(e, Missing::Bucket))?;
+                for e in page.entries {
+                    let Ok(name) = String::from_utf8(e.name) else { continue };
+                    if e.kind != FileKind::Dir || !s3s::path::check_bucket_name(&name) {
+                        continue;
+                    }
+                    let Ok(a) = engine.getattr(&caller, e.ino) else { continue };
+                    out.push(Bucket { name: Some(name), creation_date: Some(timestamp(a.btime_ns)), bucket_region: None });
+                }
+                match page.next_cursor {
+                    Some(c) => cursor = Some(c),
+                    None => break,
+                }
+            }
+            Ok((out, owner_of(&engine, caller.uid)))
+        })
+        .await?;
+        Ok(S3Response::new(ListBucketsOutput { buckets: Some(buckets.0), owner: Some(buckets.1), ..Default::default() }))
+    }
+
+    async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let bucket = req.input.bucket.clone();
+        let public = match req.input.acl.as_ref().map(|a| a.as_str()) {
+            None | Some(BucketCannedACL::PRIVATE) => false,
+            Some(BucketCannedACL::PUBLIC_READ) => true,
+            Some(other) => return Err(err(S3ErrorCode::NotImplemented, format!("canned ACL {other} is not supported; use private or public-read"))),
+        };
+        blocking(move || {
+            match engine.mkdir(&caller, ROOT_INO, bucket.as_bytes(), DIR_MODE) {
+                Ok(a) => {
+                    if public {
+                        engine.setxattr(&caller, a.ino, XATTR_PUBLIC_READ, b"1").map_err(|e| map_err(e, Missing::Bucket))?;
+                    }
+                    Ok(())
+                }
+                Err(Error::Exists) => match engine.lookup(&caller, ROOT_INO, bucket.as_bytes()) {
+                    Ok(a) if a.kind == FileKind::Dir && a.uid == caller.uid => Err(S3Error::new(S3ErrorCode::BucketAlreadyOwnedByYou)),
+                    _ => Err(S3Error::new(S3ErrorCode::BucketAlreadyExists)),
+                },
+                Err(e) => Err(map_err(e, Missing::Bucket)),
+            }
+        })
+        .await?;
+        Ok(S3Response::new(CreateBucketOutput { location: Some(format!("/{}", req.input.bucket)) }))
+    }
+
+    async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let bucket = req.input.bucket;
+        blocking(move || {
+            let b = bucket_attr(&engine, &caller, &bucket)?;
+            let nonempty = || S3Error::new(S3ErrorCode::BucketNotEmpty);
+            if !engine.multipart_list_uploads(&Caller::system(), b.ino).map_err(|e| map_err(e, Missing::Bucket))?.is_empty() {
+                return Err(err(S3ErrorCode::BucketNotEmpty, "the bucket has multipart uploads in progress"));
+            }
+            match engine.rmdir(&caller, ROOT_INO, bucket.as_bytes()) {
+                Ok(()) => Ok(()),
+                Err(Error::NotEmpty) => {
+                    // Only empty directories left behind (e.g. made through another
+                    // protocol) do not count as content.
+                    let page = engine.list_objects(&caller, b.ino, b"", None, b"", 1).map_err(|e| map_err(e, Missing::Bucket))?;
+                    if !page.objects.is_empty() || !remove_empty_tree(&engine, &caller, b.ino) {
+                        return Err(nonempty());
+                    }
+                    engine.rmdir(&caller, ROOT_INO, bucket.as_bytes()).map_err(|e| map_err(e, Missing::Bucket))
+                }
+                Err(e) => Err(map_err(e, Missing::Bucket)),
+            }
+        })
+        .await?;
+        Ok(S3Response::new(DeleteBucketOutput {}))
+    }
+
+    async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let bucket = req.input.bucket;
+        blocking(move || bucket_attr(&engine, &caller, &bucket).map(|_| ())).await?;
+        Ok(S3Response::new(HeadBucketOutput::default()))
+    }
+
+    async fn get_bucket_location(&self, req: S3Request<GetBucketLocationInput>) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let bucket = req.input.bucket;
+        blocking(move || bucket_attr(&engine, &caller, &bucket).map(|_| ())).await?;
+        Ok(S3Response::new(GetBucketLocationOutput::default()))
+    }
+
+    async fn get_bucket_versioning(&self, req: S3Request<GetBucketVersioningInput>) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let bucket = req.input.bucket;
+        blocking(move || bucket_attr(&engine, &caller, &bucket).map(|_| ())).await?;
+        Ok(S3Response::new(GetBucketVersioningOutput::default()))
+    }
+
+    async fn get_bucket_acl(&self, req: S3Request<GetBucketAclInput>) -> S3Result<S3Response<GetBucketAclOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let bucket = req.input.bucket;
+        let (owner, public) = blocking(move || {
+            let b = bucket_attr(&engine, &caller, &bucket)?;
+            Ok((owner_of(&engine, b.uid), bucket_is_public(&engine, &caller, b.ino)))
+        })
+        .await?;
+        let mut grants = vec![Grant {
+            grantee: Some(Grantee {
+                type_: Type::from_static(Type::CANONICAL_USER),
+                id: owner.id.clone(),
+                display_name: owner.display_name.clone(),
+                email_address: None,
+                uri: None,
+            }),
+            permission: Some(Permission::from_static(Permission::FULL_CONTROL)),
+        }];
+        if public {
+            grants.push(Grant {
+                grantee: Some(Grantee {
+                    type_: Type::from_static(Type::GROUP),
+                    uri: Some("http://acs.amazonaws.com/groups/global/AllUsers".into()),
+                    id: None,
+                    display_name: None,
+                    email_address: None,
+                }),
+                permission: Some(Permission::from_static(Permission::READ)),
+            });
+        }
+        Ok(S3Response::new(GetBucketAclOutput { grants: Some(grants), owner: Some(owner) }))
+    }
+
+    async fn put_bucket_acl(&self, req: S3Request<PutBucketAclInput>) -> S3Result<S3Response<PutBucketAclOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let bucket = req.input.bucket.clone();
+        let public = match req.input.acl.as_ref().map(|a| a.as_str()) {
+            Some(BucketCannedACL::PRIVATE) => false,
+            Some(BucketCannedACL::PUBLIC_READ) => true,
+            _ => return Err(err(S3ErrorCode::NotImplemented, "only the canned ACLs private and public-read are supported")),
+        };
+        blocking(move || {
+            let b = bucket_attr(&engine, &caller, &bucket)?;
+            let r = if public {
+                engine.setxattr(&caller, b.ino, XATTR_PUBLIC_READ, b"1")
+            } else {
+                match engine.removexattr(&caller, b.ino, XATTR_PUBLIC_READ) {
+                    Err(Error::NotFound) => Ok(()),
+                    r => r,
+                }
+            };
+            r.map_err(|e| map_err(e, Missing::Bucket))
+        })
+        .await?;
+        Ok(S3Response::new(PutBucketAclOutput::default()))
+    }
+
+    async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
+        let caller = self.caller(&req)?;
+        let trailers = req.trailing_headers.clone();
+        let input = req.input;
+        if input.write_offset_bytes.is_some() {
+            return Err(err(S3ErrorCode::NotImplemented, "appending writes are not supported"));
+        }
+        let engine = self.engine.clone();
+        let bucket = input.bucket.clone();
+        if let KeyForm::Dir(path) = parse_key(&input.key)? {
+            if input.content_length.unwrap_or(0) > 0 {
+                return Err(err(S3ErrorCode::InvalidArgument, "object key refused: a key ending in '/' names a directory and cannot hold content"));
+            }
+            let path = path.to_string();
+            blocking(move || {
+                let b = bucket_attr(&engine, &caller, &bucket)?;
+                make_dirs(&engine, &caller, b.ino, &path).map(|_| ())
+            })
+            .await?;
+            let empty = hex::encode(Md5::new().finalize());
+            return Ok(S3Response::new(PutObjectOutput { e_tag: Some(quoted(&empty)), ..Default::default() }));
+        }
+        let key = object_key(&input.key)?.to_string();
+        let tags = input.tagging.as_deref().map(parse_tagging_header).transpose()?.unwrap_or_default();
+        let meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.metadata);
+        let expected = Checksum {
+            checksum_crc32: input.checksum_crc32,
+            checksum_crc32c: input.checksum_crc32c,
+            checksum_sha1: input.checksum_sha1,
+            checksum_sha256: input.checksum_sha256,
+            checksum_crc64nvme: input.checksum_crc64nvme,
+            ..Default::default()
+        };
+        let mut check = ChecksumCheck::new(input.checksum_algorithm.as_ref(), expected)?;
+        let body = input.body.ok_or_else(|| err(S3ErrorCode::IncompleteBody, "missing body"))?;
+        let (if_match, if_none_match) = (input.if_match, input.if_none_match);
+
+        let (e, c, k) = (engine.clone(), caller.clone(), key.clone());
+        let (bucket_ino, staged) = blocking(move || {
+            let b = bucket_attr(&e, &c, &bucket)?;
+            check_put_conditions(&e, &c, b.ino, &k, if_match.as_ref(), if_none_match.as_ref())?;
+            let (parent, name) = e.object_parent(&c, b.ino, &k, true).map_err(|e| map_err(e, Missing::Key))?;
+            if let Ok(a) = e.lookup(&c, parent, name.as_bytes())
+                && a.kind == FileKind::Dir {
+                    return Err(map_err(Error::IsDir, Missing::Key));
+                }
+            let staged = e.begin_put(&c, parent, FILE_MODE).map_err(|e| map_err(e, Missing::Key))?;
+            Ok((b.ino, staged.ino))
+        })
+        .await?;
+        let staged = Staged { engine: engine.clone(), caller: caller.clone(), ino: staged, armed: true };
+        let (_, md5) = write_body(&engine, &caller, staged.ino, body, &mut check).await?;
+        check_content_md5(input.content_md5.as_deref(), &md5)?;
+        let sums = check.verify(trailers.as_ref())?;
+        let etag = hex::encode(md5);
+        let et = etag.clone();
+        // Publishing runs on the blocking pool with the guard moved there, so that a client
+        // leaving now can neither interrupt it nor abort a published file.
+        blocking(move || {
+            let a = publish(&staged.engine, &staged.caller, bucket_ino, &key, staged.ino, &et, &meta, &tags)?;
+            staged.disarm();
+            Ok(a)
+        })
+        .await?;
+        Ok(S3Response::new(PutObjectOutput {
+            e_tag: Some(quoted(&etag)),
+            checksum_crc32: sums.checksum_crc32,
+            checksum_crc32c: sums.checksum_crc32c,
+            checksum_sha1: sums.checksum_sha1,
+            checksum_sha256: sums.checksum_sha256,
+            checksum_crc64nvme: sums.checksum_crc64nvme,
+            ..Default::default()
+        }))
+    }
+
+    async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        check_version_id(input.version_id.as_deref())?;
+        if input.part_number.is_some() {
+            return Err(err(S3ErrorCode::NotImplemented, "GET by part number is not supported"));
+        }
+        let engine = self.engine.clone();
+        let (e, c, bucket, key) = (engine.clone(), caller.clone(), input.bucket.clone(), input.key.clone());
+        let view = blocking(move || view_object(&e, &c, &bucket, &key)).await?;
+        let conds = Conditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        };
+        conds.check(&view.etag, view.attr.mtime_ns, true)?;
+        let size = view.attr.size;
+        let (range, content_range) = match &input.range {
+            None => (0..size, None),
+            Some(r) => {
+                let r = r.check(size)?;
+                let cr = content_range(&r, size);
+                (r, Some(cr))
+            }
+        };
+        let body = if range.is_empty() { None } else { Some(read_stream(engine, caller, view.attr.ino, range.start, range.end)) };
+        let meta = view.meta;
+        let out = GetObjectOutput {
+            body,
+            content_length: Some((range.end - range.start) as i64),
+            content_range,
+            accept_ranges: Some("bytes".into()),
+            last_modified: Some(timestamp(view.attr.mtime_ns)),
+            e_tag: Some(quoted(&view.etag)),
+            content_type: input.response_content_type.or(meta.content_type.clone()).or_else(|| Some("binary/octet-stream".into())),
+            content_encoding: input.response_content_encoding.or(meta.content_encoding.clone()),
+            content_disposition: input.response_content_disposition.or(meta.content_disposition.clone()),
+            content_language: input.response_content_language.or(meta.content_language.clone()),
+            cache_control: input.response_cache_control.or(meta.cache_control.clone()),
+            metadata: user_metadata(&meta),
+            tag_count: (view.tags > 0).then_some(view.tags as i32),
+            parts_count: parts_count(&view.etag),
+            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+            ..Default::default()
+        };
+        Ok(S3Response::new(out))
+    }
+
+    async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        check_version_id(input.version_id.as_deref())?;
+        let engine = self.engine.clone();
+        let (bucket, key) = (input.bucket.clone(), input.key.clone());
+        let view = blocking(move || view_object(&engine, &caller, &bucket, &key)).await?;
+        let conds = Conditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        };
+        conds.check(&view.etag, view.attr.mtime_ns, true)?;
+        let size = view.attr.size;
+        let (len, content_range) = match &input.range {
+            None => (size, None),
+            Some(r) => {
+                let r = r.check(size)?;
+                (r.end - r.start, Some(content_range(&r, size)))
+            }
+        };
+        let meta = view.meta;
+        Ok(S3Response::new(HeadObjectOutput {
+            content_length: Some(len as i64),
+            content_range,
+            accept_ranges: Some("bytes".into()),
+            last_modified: Some(timestamp(view.attr.mtime_ns)),
+            e_tag: Some(quoted(&view.etag)),
+            content_type: meta.content_type.clone().or_else(|| Some("binary/octet-stream".into())),
+            content_encoding: meta.content_encoding.clone(),
+            content_disposition: meta.content_disposition.clone(),
+            content_language: meta.content_language.clone(),
+            cache_control: meta.cache_control.clone(),
+            metadata: user_metadata(&meta),
+            parts_count: parts_count(&view.etag),
+            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+            ..Default::default()
+        }))
+    }
+
+    async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        check_version_id(input.version_id.as_deref())?;
+        blocking(move || {
+            let b = bucket_attr(&engine, &caller, &input.bucket)?;
+            delete_key(&engine, &caller, b.ino, &input.key)
+        })
+        .await?;
+        Ok(S3Response::new(DeleteObjectOutput::default()))
+    }
+
+    async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        if input.delete.objects.len() > DELETE_OBJECTS_MAX {
+            return Err(err(S3ErrorCode::MalformedXML, format!("at most {DELETE_OBJECTS_MAX} keys per request")));
+        }
+        let quiet = input.delete.quiet.unwrap_or(false);
+        let (deleted, errors) = blocking(move || {
+            let b = bucket_attr(&engine, &caller, &input.bucket)?;
+            let (mut deleted, mut errors) = (Vec::new(), Vec::new());
+            for o in input.delete.objects {
+                let r = check_version_id(o.version_id.as_deref()).and_then(|()| delete_key(&engine, &caller, b.ino, &o.key));
+                match r {
+                    Ok(()) => {
+                        if !quiet {
+                            deleted.push(DeletedObject { key: Some(o.key), version_id: o.version_id, ..Default::default() });
+                        }
+                    }
+                    Err(e) => errors.push(s3s::dto::Error {
+                        code: Some(e.code().as_str().to_string()),
+                        message: e.message().map(str::to_string),
+                        key: Some(o.key),
+                        version_id: o.version_id,
+                    }),
+                }
+            }
+            Ok((deleted, errors))
+        })
+        .await?;
+        Ok(S3Response::new(DeleteObjectsOutput { deleted: Some(deleted), errors: (!errors.is_empty()).then_some(errors), ..Default::default() }))
+    }
+
+    async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        let (src_bucket, src_key) = copy_source(&input.copy_source)?;
+        let dst_key = object_key(&input.key)?.to_string();
+        let replace_meta = input.metadata_directive.as_ref().is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
+        let replace_tags = input.tagging_directive.as_ref().is_some_and(|d| d.as_str() == TaggingDirective::REPLACE);
+        if src_bucket == input.bucket && src_key == dst_key && !replace_meta {
+            return Err(err(
+                S3ErrorCode::InvalidRequest,
+                "This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata.",
+            ));
+        }
+        let new_tags = input.tagging.as_deref().map(parse_tagging_header).transpose()?.unwrap_or_default();
+        let new_meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.metadata);
+        let (cim, cinm, cims, cius) =
+            (input.copy_source_if_match, input.copy_source_if_none_match, input.copy_source_if_modified_since, input.copy_source_if_unmodified_since);
+        let dst_bucket = input.bucket;
+        let (etag, attr) = blocking(move || {
+            let sb = bucket_attr(&engine, &caller, &src_bucket)?;
+            let src = object_attr(&engine, &caller, sb.ino, object_key(&src_key)?)?;
+            let conds = Conditions { if_match: cim.as_ref(), if_none_match: cinm.as_ref(), if_modified_since: cims.as_ref(), if_unmodified_since: cius.as_ref() };
+            if conds.any() {
+                conds.check(&etag_of(&engine, &caller, &src)?, src.mtime_ns, false)?;
+            }
+            let meta = if replace_meta { new_meta } else { load_meta(&engine, &caller, src.ino) };
+            let tags = if replace_tags { new_tags } else { load_tags(&engine, &caller, src.ino) };
+            let db = bucket_attr(&engine, &caller, &dst_bucket)?;
+            let (parent, _) = engine.object_parent(&caller, db.ino, &dst_key, true).map_err(|e| map_err(e, Missing::Key))?;
+            let staged = engine.begin_put(&caller, parent, FILE_MODE).map_err(|e| map_err(e, Missing::Key))?;
+            let staged = Staged { engine: engine.clone(), caller: caller.clone(), ino: staged.ino, armed: true };
+            let md5 = copy_data(&engine, &caller, src.ino, 0, src.size, staged.ino)?;
+            let etag = hex::encode(md5);
+            let a = publish(&engine, &caller, db.ino, &dst_key, staged.ino, &etag, &meta, &tags)?;
+            staged.disarm();
+            Ok((etag, a))
+        })
+        .await?;
+        Ok(S3Response::new(CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult { e_tag: Some(quoted(&etag)), last_modified: Some(timestamp(attr.mtime_ns)), ..Default::default() }),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        let max = max_keys(input.max_keys)?;
+        let url = input.encoding_type.as_ref().is_some_and(|e| e.as_str() == EncodingType::URL);
+        let enc = move |s: String| if url { url_encode(&s) } else { s };
+        let (bucket, prefix, delim, marker) =
+            (input.bucket.clone(), input.prefix.clone().unwrap_or_default(), input.delimiter.clone(), input.marker.clone().unwrap_or_default());
+        let l = blocking(move || list(&engine, &caller, &bucket, &prefix, delim.as_deref(), &marker, max)).await?;
+        let contents: Vec<Object> = l
+            .objects
+            .into_iter()
+            .map(|(k, a, etag)| Object {
+                key: Some(enc(k)),
+                size: Some(a.size as i64),
+                last_modified: Some(timestamp(a.mtime_ns)),
+                e_tag: Some(quoted(&etag)),
+                storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
+                owner: Some(Owner { id: Some(a.uid.to_string()), display_name: None }),
+                ..Default::default()
+            })
+            .collect();
+        let truncated = l.next.is_some();
+        Ok(S3Response::new(ListObjectsOutput {
+            name: Some(input.bucket),
+            prefix: Some(input.prefix.map(enc).unwrap_or_default()),
+            marker: Some(input.marker.unwrap_or_default()),
+            next_marker: l.next.map(enc),
+            delimiter: input.delimiter.map(enc),
+            max_keys: Some(max as i32),
+            is_truncated: Some(truncated),
+            contents: Some(contents),
+            common_prefixes: Some(l.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(enc(p)) }).collect()),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
+    }
+
+    async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        let max = max_keys(input.max_keys)?;
+        let url = input.encoding_type.as_ref().is_some_and(|e| e.as_str() == EncodingType::URL);
+        let enc = move |s: String| if url { url_encode(&s) } else { s };
+        let token = input.continuation_token.as_deref().map(decode_token).transpose()?;
+        let start = match (token, input.start_after.clone()) {
+            (Some(t), Some(s)) => t.max(s),
+            (Some(t), None) => t,
+            (None, s) => s.unwrap_or_default(),
+        };
+        let fetch_owner = input.fetch_owner.unwrap_or(false);
+        let (bucket, prefix, delim) = (input.bucket.clone(), input.prefix.clone().unwrap_or_default(), input.delimiter.clone());
+        let (l, owners) = blocking(move || {
+            let l = list(&engine, &caller, &bucket, &prefix, delim.as_deref(), &start, max)?;
+            let mut owners = BTreeMap::new();
+            if fetch_owner {
+                for (_, a, _) in &l.objects {
+                    owners.entry(a.uid).or_insert_with(|| owner_of(&engine, a.uid));
+                }
+            }
+            Ok((l, owners))
+        })
+        .await?;
+        let key_count = (l.objects.len() + l.prefixes.len()) as i32;
+        let contents: Vec<Object> = l
+            .objects
+            .into_iter()
+            .map(|(k, a, etag)| Object {
+                key: Some(enc(k)),
+                size: Some(a.size as i64),
+                last_modified: Some(timestamp(a.mtime_ns)),
+                e_tag: Some(quoted(&etag)),
+                storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
+                owner: owners.get(&a.uid).cloned(),
+                ..Default::default()
+            })
+            .collect();
+        Ok(S3Response::new(ListObjectsV2Output {
+            name: Some(input.bucket),
+            prefix: Some(input.prefix.map(enc).unwrap_or_default()),
+            delimiter: input.delimiter.map(enc),
+            start_after: input.start_after.map(enc),
+            continuation_token: input.continuation_token,
+            next_continuation_token: l.next.as_deref().map(encode_token),
+            max_keys: Some(max as i32),
+            key_count: Some(key_count),
+            is_truncated: Some(l.next.is_some()),
+            contents: Some(contents),
+            common_prefixes: Some(l.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(enc(p)) }).collect()),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
+    }
+
+    async fn list_object_versions(&self, req: S3Request<ListObjectVersionsInput>) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        let max = max_keys(input.max_keys)?;
+        let url = input.encoding_type.as_ref().is_some_and(|e| e.as_str() == EncodingType::URL);
+        let enc = move |s: String| if url { url_encode(&s) } else { s };
+        let (bucket, prefix, delim, marker) =
+            (input.bucket.clone(), input.prefix.clone().unwrap_or_default(), input.delimiter.clone(), input.key_marker.clone().unwrap_or_default());
+        let l = blocking(move || list(&engine, &caller, &bucket, &prefix, delim.as_deref(), &marker, max)).await?;
+        let versions: Vec<ObjectVersion> = l
+            .objects
+            .into_iter()
+            .map(|(k, a, etag)| ObjectVersion {
+                key: Some(enc(k)),
+                version_id: Some("null".into()),
+                is_latest: Some(true),
+                size: Some(a.size as i64),
+                last_modified: Some(timestamp(a.mtime_ns)),
+                e_tag: Some(quoted(&etag)),
+                storage_class: Some(ObjectVersionStorageClass::from_static(ObjectVersionStorageClass::STANDARD)),
+                owner: Some(Owner { id: Some(a.uid.to_string()), display_name: None }),
+                ..Default::default()
+            })
+            .collect();
+        let truncated = l.next.is_some();
+        Ok(S3Response::new(ListObjectVersionsOutput {
+            name: Some(input.bucket),
+            prefix: Some(input.prefix.map(enc).unwrap_or_default()),
+            delimiter: input.delimiter.map(enc),
+            key_marker: Some(input.key_marker.unwrap_or_default()),
+            version_id_marker: input.version_id_marker,
+            next_key_marker: l.next.clone().map(enc),
+            next_version_id_marker: truncated.then(|| "null".to_string()),
+            max_keys: Some(max as i32),
+            is_truncated: Some(truncated),
+            versions: Some(versions),
+            common_prefixes: Some(l.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(enc(p)) }).collect()),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
+    }
+
+    async fn get_object_tagging(&self, req: S3Request<GetObjectTaggingInput>) -> S3Result<S3Response<GetObjectTaggingOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        check_version_id(input.version_id.as_deref())?;
+        let tags = blocking(move || {
+            let b = bucket_attr(&engine, &caller, &input.bucket)?;
+            let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
+            Ok(load_tags(&engine, &caller, a.ino))
+        })
+        .await?;
+        let tag_set = tags.into_iter().map(|(k, v)| Tag { key: Some(k), value: Some(v) }).collect();
+        Ok(S3Response::new(GetObjectTaggingOutput { tag_set, version_id: None }))
+    }
+
+    async fn put_object_tagging(&self, req: S3Request<PutObjectTaggingInput>) -> S3Result<S3Response<PutObjectTaggingOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        check_version_id(input.version_id.as_deref())?;
+        let tags: Vec<(String, String)> =
+            input.tagging.tag_set.into_iter().map(|t| (t.key.unwrap_or_default(), t.value.unwrap_or_default())).collect();
+        check_tags(&tags)?;
+        blocking(move || {
+            let b = bucket_attr(&engine, &caller, &input.bucket)?;
+            let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
+            engine.setxattr(&caller, a.ino, XATTR_TAGS, &encode_tags(&tags)).map_err(|e| map_err(e, Missing::Key))
+        })
+        .await?;
+        Ok(S3Response::new(PutObjectTaggingOutput::default()))
+    }
+
+    async fn delete_object_tagging(&self, req: S3Request<DeleteObjectTaggingInput>) -> S3Result<S3Response<DeleteObjectTaggingOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        check_version_id(input.version_id.as_deref())?;
+        blocking(move || {
+            let b = bucket_attr(&engine, &caller, &input.bucket)?;
+            let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
+            match engine.removexattr(&caller, a.ino, XATTR_TAGS) {
+                Ok(()) | Err(Error::NotFound) => Ok(()),
+                Err(e) => Err(map_err(e, Missing::Key)),
+            }
+        })
+        .await?;
+        Ok(S3Response::new(DeleteObjectTaggingOutput::default()))
+    }
+
+    async fn get_object_attributes(&self, req: S3Request<GetObjectAttributesInput>) -> S3Result<S3Response<GetObjectAttributesOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        check_version_id(input.version_id.as_deref())?;
+        let want = |name: &str| input.object_attributes.iter().any(|a| a.as_str() == name);
+        let (w_etag, w_size, w_class, w_parts) =
+            (want(ObjectAttributes::ETAG), want(ObjectAttributes::OBJECT_SIZE), want(ObjectAttributes::STORAGE_CLASS), want(ObjectAttributes::OBJECT_PARTS));
+        let (bucket, key) = (input.bucket, input.key);
+        let view = blocking(move || view_object(&engine, &caller, &bucket, &key)).await?;
+        Ok(S3Response::new(GetObjectAttributesOutput {
+            e_tag: w_etag.then(|| quoted(&view.etag)),
+            object_size: w_size.then_some(view.attr.size as i64),
+            storage_class: w_class.then(|| StorageClass::from_static(StorageClass::STANDARD)),
+            object_parts: if w_parts {
+                parts_count(&view.etag).map(|n| GetObjectAttributesParts { total_parts_count: Some(n), ..Default::default() })
+            } else {
+                None
+            },
+            last_modified: Some(timestamp(view.attr.mtime_ns)),
+            ..Default::default()
+        }))
+    }
+
+    // -------------------------------------------------------------- multipart
+
+    async fn create_multipart_upload(&self, req: S3Request<CreateMultipartUploadInput>) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        let key = object_key(&input.key)?.to_string();
+        let tags = input.tagging.as_deref().map(parse_tagging_header).transpose()?.unwrap_or_default();
+        let meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.metadata);
+        let mut stored = serde_json::Map::new();
+        stored.insert("meta".into(), serde_json::Value::String(String::from_utf8(meta.encode()).expect("JSON is UTF-8")));
+        stored.insert("tags".into(), serde_json::Value::String(String::from_utf8(encode_tags(&tags)).expect("JSON is UTF-8")));
+        let stored = serde_json::to_vec(&serde_json::Value::Object(stored)).expect("a JSON map serializes");
+        let (bucket, k) = (input.bucket.clone(), key.clone());
+        let id = blocking(move || {
+            let b = bucket_attr(&engine, &caller, &bucket)?;
+            engine.multipart_create(&caller, b.ino, &k, stored).map_err(|e| map_err(e, Missing::Key))
+        })
+        .await?;
+        Ok(S3Response::new(CreateMultipartUploadOutput { bucket: Some(input.bucket), key: Some(key), upload_id: Some(id), ..Default::default() }))
+    }
+
+    async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let trailers = req.trailing_headers.clone();
+        let input = req.input;
+        let n = check_part_number(input.part_number)?;
+        let expected = Checksum {
+            checksum_crc32: input.checksum_crc32,
+            checksum_crc32c: input.checksum_crc32c,
+            checksum_sha1: input.checksum_sha1,
+            checksum_sha256: input.checksum_sha256,
+            checksum_crc64nvme: input.checksum_crc64nvme,
+            ..Default::default()
+        };
+        let mut check = ChecksumCheck::new(input.checksum_algorithm.as_ref(), expected)?;
+        let body = input.body.ok_or_else(|| err(S3ErrorCode::IncompleteBody, "missing body"))?;
+        let (e, c, bucket, key, id) = (engine.clone(), caller.clone(), input.bucket, input.key, input.upload_id);
+        let id2 = id.clone();
+        let ino = blocking(move || {
+            upload_of(&e, &c, &bucket, &key, &id2)?;
+            e.multipart_part_begin(&c, &id2, n).map(|a| a.ino).map_err(|e| map_err(e, Missing::Upload))
+        })
+        .await?;
+        let staged = Staged { engine: engine.clone(), caller: caller.clone(), ino, armed: true };
+        let (_, md5) = write_body(&engine, &caller, ino, body, &mut check).await?;
+        check_content_md5(input.content_md5.as_deref(), &md5)?;
+        let sums = check.verify(trailers.as_ref())?;
+        let etag = hex::encode(md5);
+        let et = etag.clone();
+        blocking(move || {
+            staged
+                .engine
+                .multipart_part_finish(&staged.caller, &id, n, staged.ino, et.into_bytes())
+                .map_err(|e| map_err(e, Missing::Upload))?;
+            staged.disarm();
+            Ok(())
+        })
+        .await?;
+        Ok(S3Response::new(UploadPartOutput {
+            e_tag: Some(quoted(&etag)),
+            checksum_crc32: sums.checksum_crc32,
+            checksum_crc32c: sums.checksum_crc32c,
+            checksum_sha1: sums.checksum_sha1,
+            checksum_sha256: sums.checksum_sha256,
+            checksum_crc64nvme: sums.checksum_crc64nvme,
+            ..Default::default()
+        }))
+    }
+
+    async fn upload_part_copy(&self, req: S3Request<UploadPartCopyInput>) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        let n = check_part_number(input.part_number)?;
+        let (src_bucket, src_key) = copy_source(&input.copy_source)?;
+        let (cim, cinm, cims, cius) =
+            (input.copy_source_if_match, input.copy_source_if_none_match, input.copy_source_if_modified_since, input.copy_source_if_unmodified_since);
+        let (etag, mtime) = blocking(move || {
+            upload_of(&engine, &caller, &input.bucket, &input.key, &input.upload_id)?;
+            let sb = bucket_attr(&engine, &caller, &src_bucket)?;
+            let src = object_attr(&engine, &caller, sb.ino, object_key(&src_key)?)?;
+            let conds = Conditions { if_match: cim.as_ref(), if_none_match: cinm.as_ref(), if_modified_since: cims.as_ref(), if_unmodified_since: cius.as_ref() };
+            if conds.any() {
+                conds.check(&etag_of(&engine, &caller, &src)?, src.mtime_ns, false)?;
+            }
+            let (start, end) = copy_range(input.copy_source_range.as_deref(), src.size)?;
+            let part = engine.multipart_part_begin(&caller, &input.upload_id, n).map_err(|e| map_err(e, Missing::Upload))?;
+            let staged = Staged { engine: engine.clone(), caller: caller.clone(), ino: part.ino, armed: true };
+            let etag = hex::encode(copy_data(&engine, &caller, src.ino, start, end, part.ino)?);
+            let p = engine
+                .multipart_part_finish(&caller, &input.upload_id, n, part.ino, etag.clone().into_bytes())
+                .map_err(|e| map_err(e, Missing::Upload))?;
+            staged.disarm();
+            Ok((etag, p.mtime_ns))
+        })
+        .await?;
+        Ok(S3Response::new(UploadPartCopyOutput {
+            copy_part_result: Some(CopyPartResult { e_tag: Some(quoted(&etag)), last_modified: Some(timestamp(mtime)), ..Default::default() }),
+            ..Default::default()
+        }))
+    }
+
+    async fn complete_multipart_upload(&self, req: S3Request<CompleteMultipartUploadInput>) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        let given: Vec<CompletedPart> = input.multipart_upload.and_then(|m| m.parts).unwrap_or_default();
+        if given.is_empty() {
+            return Err(err(S3ErrorCode::MalformedXML, "name at least one part"));
+        }
+        let mut wanted = Vec::with_capacity(given.len());
+        for p in &given {
+            let n = check_part_number(p.part_number.ok_or_else(|| err(S3ErrorCode::MalformedXML, "a part has no PartNumber"))?)?;
+            if wanted.last().is_some_and(|l| *l >= n) {
+                return Err(err(S3ErrorCode::InvalidPartOrder, "parts must be listed in ascending order"));
+            }
+            wanted.push(n);
+        }
+        let tags_given: Vec<Option<String>> = given.iter().map(|p| p.e_tag.as_ref().map(|e| e.value().to_string())).collect();
+        let (bucket, key, id) = (input.bucket.clone(), input.key.clone(), input.upload_id.clone());
+        let (if_match, if_none_match) = (input.if_match, input.if_none_match);
+        let etag = blocking(move || {
+            let (b, upload) = upload_of(&engine, &caller, &bucket, &key, &id)?;
+            check_put_conditions(&engine, &caller, b.ino, &key, if_match.as_ref(), if_none_match.as_ref())?;
+            let parts = engine.multipart_list_parts(&caller, &id).map_err(|e| map_err(e, Missing::Upload))?;
+            let mut md5s = Md5::new();
+            for (i, (n, tag)) in wanted.iter().zip(&tags_given).enumerate() {
+                let p = parts.iter().find(|p| p.number == *n).ok_or_else(|| err(S3ErrorCode::InvalidPart, format!("part {n} was not uploaded")))?;
+                let stored = String::from_utf8_lossy(&p.tag).into_owned();
+                if tag.as_ref().is_some_and(|t| *t != stored) {
+                    return Err(err(S3ErrorCode::InvalidPart, format!("the ETag given for part {n} is not the uploaded part's")));
+                }
+                if i + 1 < wanted.len() && p.size < PART_BYTES_MIN {
+                    return Err(err(S3ErrorCode::EntityTooSmall, format!("part {n} is smaller than {PART_BYTES_MIN} bytes and not the last")));
+                }
+                md5s.update(hex::decode(&stored).map_err(|_| internal("a stored part tag is not hex"))?);
+            }
+            let etag = format!("{}-{}", hex::encode(md5s.finalize()), wanted.len());
+            let stored: serde_json::Value = serde_json::from_slice(&upload.meta).unwrap_or_default();
+            let meta = stored.get("meta").and_then(|v| v.as_str()).map(|s| ObjectMeta::decode(s.as_bytes())).unwrap_or_default();
+            let tags = stored.get("tags").and_then(|v| v.as_str()).map(|s| decode_tags(s.as_bytes())).unwrap_or_default();
+            let attr = engine.multipart_complete(&caller, &id, &wanted, &[]).map_err(|e| map_err(e, Missing::Upload))?;
+            // The object is published; its ETag and metadata follow at once. A reader in
+            // between computes the MD5 itself.
+            save_etag(&engine, attr.ino, &etag, &attr).map_err(|e| map_err(e, Missing::Key))?;
+            write_object_xattrs(&engine, &caller, attr.ino, &meta, &tags)?;
+            Ok(etag)
+        })
+        .await?;
+        Ok(S3Response::new(CompleteMultipartUploadOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            e_tag: Some(quoted(&etag)),
+            ..Default::default()
+        }))
+    }
+
+    async fn abort_multipart_upload(&self, req: S3Request<AbortMultipartUploadInput>) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        blocking(move || {
+            upload_of(&engine, &caller, &input.bucket, &input.key, &input.upload_id)?;
+            engine.multipart_abort(&caller, &input.upload_id).map_err(|e| map_err(e, Missing::Upload))
+        })
+        .await?;
+        Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+    }
+
+    async fn list_parts(&self, req: S3Request<ListPartsInput>) -> S3Result<S3Response<ListPartsOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        let max = max_keys(input.max_parts)?;
+        let marker = input.part_number_marker.unwrap_or(0).max(0) as u32;
+        let (bucket, key, id) = (input.bucket.clone(), input.key.clone(), input.upload_id.clone());
+        let (parts, owner) = blocking(move || {
+            let (_, u) = upload_of(&engine, &caller, &bucket, &key, &id)?;
+            let parts = engine.multipart_list_parts(&caller, &id).map_err(|e| map_err(e, Missing::Upload))?;
+            Ok((parts, owner_of(&engine, u.uid)))
+        })
+        .await?;
+        let mut after: Vec<_> = parts.into_iter().filter(|p| p.number > marker).collect();
+        let truncated = after.len() > max;
+        after.truncate(max);
+        let next = if truncated { after.last().map(|p| p.number as i32) } else { None };
+        let out: Vec<Part> = after
+            .into_iter()
+            .map(|p| Part {
+                part_number: Some(p.number as i32),
+                size: Some(p.size as i64),
+                e_tag: Some(quoted(&String::from_utf8_lossy(&p.tag))),
+                last_modified: Some(timestamp(p.mtime_ns)),
+                ..Default::default()
+            })
+            .collect();
+        Ok(S3Response::new(ListPartsOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(input.upload_id),
+            parts: Some(out),
+            max_parts: Some(max as i32),
+            is_truncated: Some(truncated),
+            part_number_marker: input.part_number_marker,
+            next_part_number_marker: next,
+            owner: Some(owner.clone()),
+            initiator: Some(Initiator { id: owner.id, display_name: owner.display_name }),
+            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_multipart_uploads(&self, req: S3Request<ListMultipartUploadsInput>) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        let max = max_keys(input.max_uploads)?;
+        let bucket = input.bucket.clone();
+        let uploads = blocking(move || {
+            let b = bucket_attr(&engine, &caller, &bucket)?;
+            let ups = engine.multipart_list_uploads(&caller, b.ino).map_err(|e| map_err(e, Missing::Bucket))?;
+            Ok(ups.into_iter().map(|u| (owner_of(&engine, u.uid), u)).collect::<Vec<_>>())
+        })
+        .await?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let key_marker = input.key_marker.clone().unwrap_or_default();
+        let id_marker = input.upload_id_marker.clone().unwrap_or_default();
+        let mut out = Vec::new();
+        let mut prefixes: Vec<String> = Vec::new();
+        let mut next = None;
+        for (owner, u) in uploads {
+            if !u.key.starts_with(&prefix) {
+                continue;
+            }
+            let after = u.key.as_str() > key_marker.as_str() || (u.key == key_marker && !id_marker.is_empty() && u.id.as_str() > id_marker.as_str());
+            if !key_marker.is_empty() && !after {
+                continue;
+            }
+            if let Some(d) = input.delimiter.as_deref().filter(|d| !d.is_empty())
+                && let Some(pos) = u.key[prefix.len()..].find(d) {
+                    let cp = u.key[..prefix.len() + pos + d.len()].to_string();
+                    if prefixes.last() != Some(&cp) {
+                        if out.len() + prefixes.len() >= max {
+                            next = Some((u.key.clone(), u.id.clone()));
+                            break;
+                        }
+                        prefixes.push(cp);
+                    }
+                    continue;
+                }
+            if out.len() + prefixes.len() >= max {
+                next = Some((u.key.clone(), u.id.clone()));
+                break;
+            }
+            out.push(MultipartUpload {
+                key: Some(u.key.clone()),
+                upload_id: Some(u.id.clone()),
+                initiated: Some(timestamp(u.created_ns)),
+                initiator: Some(Initiator { id: owner.id.clone(), display_name: owner.display_name.clone() }),
+                owner: Some(owner),
+                storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+                ..Default::default()
+            });
+        }
+        let truncated = next.is_some();
+        let (nk, ni) = match (out.last(), truncated) {
+            (Some(last), true) => (last.key.clone(), last.upload_id.clone()),
+            _ => (None, None),
+        };
+        Ok(S3Response::new(ListMultipartUploadsOutput {
+            bucket: Some(input.bucket),
+            prefix: input.prefix,
+            delimiter: input.delimiter,
+            key_marker: input.key_marker,
+            upload_id_marker: input.upload_id_marker,
+            next_key_marker: nk,
+            next_upload_id_marker: ni,
+            max_uploads: Some(max as i32),
+            is_truncated: Some(truncated),
+            uploads: Some(out),
+            common_prefixes: Some(prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(p) }).collect()),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
+    }
+}
+
+/// Removes a tree that holds only directories, deepest first. False if anything else was
+/// found or could not be removed.
+fn remove_empty_tree(engine: &Engine, caller: &Caller, dir: Ino) -> bool {
+    let Ok(page) = engine.readdir(caller, dir, None, 4096) else { return false };
+    if page.next_cursor.is_some() {
+        return false;
+    }
+    for e in page.entries {
+        if e.kind != FileKind::Dir || !remove_empty_tree(engine, caller, e.ino) || engine.rmdir(caller, dir, &e.name).is_err() {
+            return false;
+        }
+    }
+    true
+}

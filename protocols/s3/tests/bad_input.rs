@@ -1,0 +1,153 @@
+//! Requests S3 clients should never send, or send only when something went wrong: each gets
+//! a clear S3 error and leaves nothing behind.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{error_code, start};
+use tokio::io::AsyncWriteExt;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_secret_is_signature_does_not_match() {
+    let s = start().await;
+    let res = s.signed_with("GET", "/", &[], vec![], &s.access, "not-the-secret-at-all").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 403);
+    assert_eq!(error_code(&res.text().await.unwrap()), "SignatureDoesNotMatch");
+    let res = s.signed_with("GET", "/", &[], vec![], "NOSUCHKEY123", "whatever-secret").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 403);
+    assert_eq!(error_code(&res.text().await.unwrap()), "InvalidAccessKeyId");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_reads_need_a_public_read_bucket() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/pub", &[], vec![]).await.0, 200);
+    assert_eq!(s.call("PUT", "/pub/hello.txt", &[], b"hi".to_vec()).await.0, 200);
+    let url = format!("{}/pub/hello.txt", s.endpoint());
+    let res = s.http.get(&url).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 403);
+    assert_eq!(error_code(&res.text().await.unwrap()), "AccessDenied");
+    let res = s.signed("PUT", "/pub", &[("acl", "")], vec![]).header("x-amz-acl", "public-read").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200, "{}", res.text().await.unwrap());
+    let res = s.http.get(&url).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(res.text().await.unwrap(), "hi");
+    // Reading is all an anonymous client may do.
+    let res = s.http.put(&url).body("x").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 403);
+    let res = s.http.get(s.endpoint() + "/").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 403);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_xml_is_refused() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/bkt", &[], vec![]).await.0, 200);
+    let (st, body) = s.call("POST", "/bkt", &[("delete", "")], b"<Delete><Object><Key>x</Key>".to_vec()).await;
+    assert_eq!((st, error_code(&body)), (400, "MalformedXML"), "{body}");
+    let (st, body) = s.call("POST", "/bkt/k", &[("uploads", "")], vec![]).await;
+    assert_eq!(st, 200, "{body}");
+    let id = body.split("<UploadId>").nth(1).unwrap().split("</UploadId>").next().unwrap().to_string();
+    let (st, body) = s.call("POST", "/bkt/k", &[("uploadId", &id)], b"<CompleteMultipartUpload><Part>".to_vec()).await;
+    assert_eq!((st, error_code(&body)), (400, "MalformedXML"), "{body}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_that_cannot_be_paths_are_refused_clearly() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/bkt", &[], vec![]).await.0, 200);
+    let long = format!("/bkt/{}", "k".repeat(1025));
+    let (st, body) = s.call("PUT", &long, &[], b"x".to_vec()).await;
+    assert_eq!((st, error_code(&body)), (400, "KeyTooLongError"), "{body}");
+    let component = format!("/bkt/{}", "c".repeat(256));
+    let (st, body) = s.call("PUT", &component, &[], b"x".to_vec()).await;
+    assert_eq!((st, error_code(&body)), (400, "KeyTooLongError"), "{body}");
+    for bad in ["/bkt/a//c", "/bkt/a/./c", "/bkt/a/../c", "/bkt/dir/"] {
+        let (st, body) = s.raw("PUT", bad, b"content".to_vec()).await;
+        assert_eq!((st, error_code(&body)), (400, "InvalidArgument"), "{bad}: {body}");
+        assert!(body.contains("object key refused"), "{bad}: {body}");
+    }
+    // A file and a directory cannot share a name.
+    assert_eq!(s.call("PUT", "/bkt/x/y", &[], b"1".to_vec()).await.0, 200);
+    let (st, body) = s.call("PUT", "/bkt/x", &[], b"2".to_vec()).await;
+    assert_eq!((st, error_code(&body)), (400, "InvalidArgument"), "{body}");
+    let (st, body) = s.call("PUT", "/bkt/x/y/z", &[], b"3".to_vec()).await;
+    assert_eq!((st, error_code(&body)), (400, "InvalidArgument"), "{body}");
+    // A zero-byte directory marker is fine.
+    assert_eq!(s.call("PUT", "/bkt/dir/", &[], vec![]).await.0, 200);
+    assert_eq!(s.call("HEAD", "/bkt/dir/", &[], vec![]).await.0, 200);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn part_numbers_out_of_range_and_missing_parts_are_refused() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/bkt", &[], vec![]).await.0, 200);
+    let (_, body) = s.call("POST", "/bkt/big", &[("uploads", "")], vec![]).await;
+    let id = body.split("<UploadId>").nth(1).unwrap().split("</UploadId>").next().unwrap().to_string();
+    for n in ["0", "10001", "-1"] {
+        let (st, body) = s.call("PUT", "/bkt/big", &[("partNumber", n), ("uploadId", &id)], b"data".to_vec()).await;
+        assert_eq!(st, 400, "part {n}: {body}");
+        assert_eq!(error_code(&body), "InvalidArgument", "part {n}: {body}");
+    }
+    let (st, body) = s.call("PUT", "/bkt/big", &[("partNumber", "1"), ("uploadId", &id)], vec![7u8; 5 << 20]).await;
+    assert_eq!(st, 200, "{body}");
+    let (st, body) = s.call("PUT", "/bkt/big", &[("partNumber", "1"), ("uploadId", "no-such-upload")], b"x".to_vec()).await;
+    assert_eq!((st, error_code(&body)), (404, "NoSuchUpload"), "{body}");
+    let xml = b"<CompleteMultipartUpload><Part><PartNumber>1</PartNumber></Part><Part><PartNumber>2</PartNumber></Part></CompleteMultipartUpload>".to_vec();
+    let (st, body) = s.call("POST", "/bkt/big", &[("uploadId", &id)], xml).await;
+    assert_eq!((st, error_code(&body)), (400, "InvalidPart"), "{body}");
+    let xml = b"<CompleteMultipartUpload><Part><PartNumber>2</PartNumber></Part><Part><PartNumber>1</PartNumber></Part></CompleteMultipartUpload>".to_vec();
+    let (st, body) = s.call("POST", "/bkt/big", &[("uploadId", &id)], xml).await;
+    assert_eq!((st, error_code(&body)), (400, "InvalidPartOrder"), "{body}");
+    // Nothing was published, and the upload is still there to finish.
+    assert_eq!(s.call("HEAD", "/bkt/big", &[], vec![]).await.0, 404);
+    let xml = b"<CompleteMultipartUpload><Part><PartNumber>1</PartNumber></Part></CompleteMultipartUpload>".to_vec();
+    let (st, body) = s.call("POST", "/bkt/big", &[("uploadId", &id)], xml).await;
+    assert_eq!(st, 200, "{body}");
+    assert!(body.contains("-1&quot;") || body.contains("-1\""), "{body}");
+    let (st, _) = s.call("HEAD", "/bkt/big", &[], vec![]).await;
+    assert_eq!(st, 200);
+    s.stop().await;
+}
+
+/// A client that goes away in the middle of a PUT leaves no object and no used space.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_put_leaves_nothing_visible_and_no_space_used() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/bkt", &[], vec![]).await.0, 200);
+    let before = s.used_bytes().await;
+    // Sign a request for an 8 MiB body, send its headers and 3 MiB, then hang up.
+    let full = vec![42u8; 8 << 20];
+    let req = s.signed("PUT", "/bkt/dropped", &[], full.clone()).build().unwrap();
+    let mut head = format!("PUT /bkt/dropped HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\n", s.addr, full.len());
+    for (k, v) in req.headers() {
+        head.push_str(&format!("{}: {}\r\n", k, v.to_str().unwrap()));
+    }
+    head.push_str("\r\n");
+    let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(&full[..3 << 20]).await.unwrap();
+    tcp.flush().await.unwrap();
+    // Let the server write what it got into the engine before the hang-up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(tcp);
+    let mut settled = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if s.used_bytes().await == before {
+            settled = true;
+            break;
+        }
+    }
+    assert!(settled, "space used before {before}, after {}", s.used_bytes().await);
+    let (st, body) = s.call("HEAD", "/bkt/dropped", &[], vec![]).await;
+    assert_eq!(st, 404, "{body}");
+    let (_, body) = s.call("GET", "/bkt", &[("list-type", "2")], vec![]).await;
+    assert!(!body.contains("dropped"), "{body}");
+    s.stop().await;
+}

@@ -1,0 +1,56 @@
+//! Real S3 clients against the adapter: boto3 and the AWS CLI (and rclone), each run as a
+//! script from here against an in-process server. A missing client fails the test with the
+//! package to install (scripts/deps.sh installs them in CI).
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{Server, start};
+
+fn script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients").join(name)
+}
+
+fn require(cmd: &str, args: &[&str], install: &str) {
+    let ok = std::process::Command::new(cmd).args(args).output().is_ok_and(|o| o.status.success());
+    assert!(ok, "`{cmd} {}` does not work: install {install}", args.join(" "));
+}
+
+async fn run(s: &Server, program: &str, args: &[&str]) {
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .env("ENDPOINT", s.endpoint())
+        .env("ACCESS", &s.access)
+        .env("SECRET", &s.secret)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{program} {args:?} failed:\n{text}");
+    eprintln!("{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boto3_suite_passes() {
+    require("python3", &["-c", "import boto3"], "boto3 (pip install boto3)");
+    let s = start().await;
+    run(&s, "python3", &[script("boto3_suite.py").to_str().unwrap()]).await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awscli_suite_passes() {
+    require("aws", &["--version"], "awscli (apt-get install awscli)");
+    let s = start().await;
+    run(&s, "bash", &[script("awscli_suite.sh").to_str().unwrap()]).await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rclone_suite_passes() {
+    require("rclone", &["version"], "rclone (apt-get install rclone)");
+    let s = start().await;
+    run(&s, "bash", &[script("rclone_suite.sh").to_str().unwrap()]).await;
+    s.stop().await;
+}

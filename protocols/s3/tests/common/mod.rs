@@ -1,0 +1,196 @@
+//! A real engine on small file drives in a temporary directory, its S3 adapter on an
+//! ephemeral 127.0.0.1 port, an access key made with `create_s3_key`, and a small SigV4
+//! signer for raw requests that no client library would send.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::{Digest, Sha256};
+use storage_engine::{Caller, Engine, EngineConfig, NewUser};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const DRIVES: usize = 6;
+pub const DRIVE_BYTES: u64 = 256 << 20;
+pub const REGION: &str = "us-east-1";
+
+pub struct Server {
+    pub addr: SocketAddr,
+    pub engine: Arc<Engine>,
+    pub access: String,
+    pub secret: String,
+    pub http: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+    pub dir: tempfile::TempDir,
+}
+
+pub async fn start() -> Server {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = EngineConfig::with_file_drives(dir.path(), DRIVES, DRIVE_BYTES, 4, 2);
+    cfg.admin_password = Some("admin-secret-1".into());
+    cfg.argon2_memory_kib = 64;
+    let engine = tokio::task::spawn_blocking(move || Engine::open(cfg)).await.expect("join").expect("open engine");
+    let e = engine.clone();
+    let (access, secret) = tokio::task::spawn_blocking(move || {
+        let admin = Caller::system();
+        e.create_user(&admin, NewUser { name: "alice".into(), password: "alice-password".into(), uid: None, gid: None, groups: vec![], role: None })
+            .expect("create user");
+        // Alice may create buckets: the root directory is sticky and world-writable in these tests.
+        e.setattr(&admin, storage_engine::ROOT_INO, storage_engine::SetAttr { mode: Some(0o1777), ..Default::default() }).expect("chmod root");
+        e.create_s3_key(&admin, "alice", None).expect("create s3 key")
+    })
+    .await
+    .expect("join");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(aquifer_s3::serve(engine.clone(), listener, aquifer_s3::S3Options::default(), async move {
+        let _ = stopped.await;
+    }));
+    Server { addr, engine, access, secret, http: reqwest::Client::new(), stop: Some(stop), task: Some(task), dir }
+}
+
+impl Server {
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A signed request (SigV4, header form, payload hash included).
+    pub fn signed(&self, method: &str, path: &str, query: &[(&str, &str)], body: Vec<u8>) -> reqwest::RequestBuilder {
+        self.signed_with(method, path, query, body, &self.access, &self.secret)
+    }
+
+    pub fn signed_with(&self, method: &str, path: &str, query: &[(&str, &str)], body: Vec<u8>, access: &str, secret: &str) -> reqwest::RequestBuilder {
+        let host = self.addr.to_string();
+        let (amz_date, day) = amz_now();
+        let payload = hex::encode(Sha256::digest(&body));
+        let mut q: Vec<(String, String)> = query.iter().map(|(k, v)| (uri_encode(k, true), uri_encode(v, true))).collect();
+        q.sort();
+        let canonical_query = q.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&");
+        let canonical_path = uri_encode(path, false);
+        let canonical = format!(
+            "{method}\n{canonical_path}\n{canonical_query}\nhost:{host}\nx-amz-content-sha256:{payload}\nx-amz-date:{amz_date}\n\nhost;x-amz-content-sha256;x-amz-date\n{payload}"
+        );
+        let scope = format!("{day}/{REGION}/s3/aws4_request");
+        let to_sign = format!("AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}", hex::encode(Sha256::digest(canonical.as_bytes())));
+        let mut key = hmac(format!("AWS4{secret}").as_bytes(), day.as_bytes());
+        for part in [REGION, "s3", "aws4_request"] {
+            key = hmac(&key, part.as_bytes());
+        }
+        let sig = hex::encode(hmac(&key, to_sign.as_bytes()));
+        let auth = format!("AWS4-HMAC-SHA256 Credential={access}/{scope}, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={sig}");
+        let url = if canonical_query.is_empty() {
+            format!("http://{host}{canonical_path}")
+        } else {
+            format!("http://{host}{canonical_path}?{canonical_query}")
+        };
+        let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        self.http
+            .request(m, url)
+            .header("x-amz-date", amz_date)
+            .header("x-amz-content-sha256", payload)
+            .header("authorization", auth)
+            .body(body)
+    }
+
+    /// Sends a signed request; returns (status, body text).
+    pub async fn call(&self, method: &str, path: &str, query: &[(&str, &str)], body: Vec<u8>) -> (u16, String) {
+        let res = self.signed(method, path, query, body).send().await.expect("send");
+        let status = res.status().as_u16();
+        (status, res.text().await.expect("body"))
+    }
+
+    /// Runs blocking engine work.
+    pub async fn with_engine<T: Send + 'static>(&self, f: impl FnOnce(&Engine) -> T + Send + 'static) -> T {
+        let e = self.engine.clone();
+        tokio::task::spawn_blocking(move || f(&e)).await.expect("join")
+    }
+
+    pub async fn used_bytes(&self) -> u64 {
+        self.with_engine(|e| {
+            e.sync_metadata().expect("sync metadata");
+            e.drives().iter().map(|d| d.used_bytes).sum()
+        })
+        .await
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.expect("join").expect("serve");
+        }
+    }
+}
+
+/// The `<Code>` of an S3 error body.
+pub fn error_code(body: &str) -> &str {
+    body.split("<Code>").nth(1).and_then(|s| s.split("</Code>").next()).unwrap_or("")
+}
+
+fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("any key length");
+    m.update(data);
+    m.finalize().into_bytes().to_vec()
+}
+
+/// SigV4 URI encoding; '/' stays in paths.
+fn uri_encode(s: &str, encode_slash: bool) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) || (b == b'/' && !encode_slash) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// (`YYYYMMDDTHHMMSSZ`, `YYYYMMDD`) for now, UTC.
+fn amz_now() -> (String, String) {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let day = format!("{y:04}{m:02}{d:02}");
+    (format!("{day}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60), day)
+}
+
+impl Server {
+    /// Sends a signed request over a plain TCP connection with `path` exactly as given (HTTP
+    /// libraries normalise `.` and `..` segments away); returns (status, body).
+    pub async fn raw(&self, method: &str, path: &str, body: Vec<u8>) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let req = self.signed(method, path, &[], body.clone()).build().expect("request");
+        let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\nconnection: close\r\n", self.addr, body.len());
+        for (k, v) in req.headers() {
+            head.push_str(&format!("{}: {}\r\n", k, v.to_str().expect("ASCII header")));
+        }
+        head.push_str("\r\n");
+        let mut tcp = tokio::net::TcpStream::connect(self.addr).await.expect("connect");
+        tcp.write_all(head.as_bytes()).await.expect("send head");
+        tcp.write_all(&body).await.expect("send body");
+        let mut out = Vec::new();
+        tcp.read_to_end(&mut out).await.expect("read answer");
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status line");
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        (status, body)
+    }
+}

@@ -1,0 +1,127 @@
+//! Aquifer's SFTP adapter (SFTP version 3 over SSH, `russh` + `russh-sftp`).
+//!
+//! Users log in with the password of their Aquifer account; every file operation runs in the
+//! engine as that user. Paths are resolved from the namespace root: `..` at the root stays
+//! at the root, so no path leads outside the namespace.
+
+mod session;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use russh::keys::PrivateKey;
+use russh::server::Config;
+use storage_engine::Engine;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tracing::{debug, info};
+
+/// SSH sessions served at the same time; further connections wait in the accept queue.
+const SESSIONS_MAX: usize = 256;
+
+#[derive(Debug, Clone)]
+pub struct SftpOptions {
+    /// The server's host key (OpenSSH format). Generated (Ed25519) on first start and kept.
+    pub host_key_path: PathBuf,
+    /// A session without traffic for this long is closed.
+    pub idle_timeout_s: u64,
+    /// Delay before answering a failed login, against password guessing.
+    pub auth_rejection_delay_ms: u64,
+}
+
+impl SftpOptions {
+    pub fn new(host_key_path: impl Into<PathBuf>) -> SftpOptions {
+        SftpOptions { host_key_path: host_key_path.into(), idle_timeout_s: 3600, auth_rejection_delay_ms: 1000 }
+    }
+}
+
+/// Loads the host key at `path`, or generates one and stores it there (mode 0600).
+pub fn load_or_create_host_key(path: &Path) -> anyhow::Result<PrivateKey> {
+    if path.exists() {
+        return russh::keys::load_secret_key(path, None).with_context(|| format!("load SSH host key {}", path.display()));
+    }
+    let key = PrivateKey::random(&mut rand_ssh::rng(), russh::keys::Algorithm::Ed25519).context("generate SSH host key")?;
+    let text = key.to_openssh(russh::keys::ssh_key::LineEnding::LF).context("encode SSH host key")?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("tmp");
+    {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .with_context(|| format!("write SSH host key {}", tmp.display()))?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("install SSH host key {}", path.display()))?;
+    info!(path = %path.display(), "generated SSH host key");
+    Ok(key)
+}
+
+/// Serves SFTP on an already bound listener until `shutdown` resolves.
+pub async fn serve(
+    engine: Arc<Engine>,
+    listener: TcpListener,
+    opts: SftpOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let key = load_or_create_host_key(&opts.host_key_path)?;
+    let config = Arc::new(Config {
+        keys: vec![key],
+        methods: russh::MethodSet::from(&[russh::MethodKind::Password][..]),
+        auth_rejection_time: Duration::from_millis(opts.auth_rejection_delay_ms),
+        auth_rejection_time_initial: Some(Duration::ZERO),
+        inactivity_timeout: Some(Duration::from_secs(opts.idle_timeout_s)),
+        ..Default::default()
+    });
+    let local = listener.local_addr()?;
+    info!(%local, "SFTP service listening");
+    let limit = Arc::new(tokio::sync::Semaphore::new(SESSIONS_MAX));
+    let mut sessions = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
+            permit = limit.clone().acquire_owned() => {
+                let permit = permit.expect("session semaphore is never closed");
+                let (stream, peer) = tokio::select! {
+                    _ = &mut shutdown => break,
+                    r = listener.accept() => match r {
+                        Ok(x) => x,
+                        Err(e) => {
+                            debug!("accept SFTP connection: {e}");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    },
+                };
+                let handler = session::SshSession::new(engine.clone(), peer);
+                let config = config.clone();
+                sessions.spawn(async move {
+                    let _permit = permit;
+                    let _ = stream.set_nodelay(true);
+                    match russh::server::run_stream(config, stream, handler).await {
+                        Ok(running) => {
+                            if let Err(e) = running.await {
+                                debug!(%peer, "SSH session ended: {e}");
+                            }
+                        }
+                        Err(e) => debug!(%peer, "SSH handshake failed: {e}"),
+                    }
+                });
+            }
+        }
+    }
+    sessions.shutdown().await;
+    info!(%local, "SFTP service stopped");
+    Ok(())
+}

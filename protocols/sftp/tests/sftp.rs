@@ -1,0 +1,236 @@
+//! End-to-end tests of the SFTP service with OpenSSH's `sftp` (through `sshpass`), Python's
+//! `paramiko`, and libnfs for the cross-protocol check.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use aquifer_sftp::SftpOptions;
+use storage_engine::{Caller, Engine, EngineConfig, NewUser, ROOT_INO};
+use tokio::sync::oneshot;
+
+const PASSWORD: &str = "correct-horse-battery";
+
+fn config(dir: &Path) -> EngineConfig {
+    let mut c = EngineConfig::with_file_drives(dir, 6, 64 << 20, 4, 2);
+    c.shard_bytes_max = 16 * 1024;
+    c.inline_bytes_max = 4096;
+    c.write_buffer_bytes_max = 256 * 1024;
+    c.argon2_memory_kib = 64;
+    c.admin_password = Some("admin-password".into());
+    c.wal_sync_interval_ms = 50;
+    c
+}
+
+fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// An engine with user `alice` (uid 1000, her own group) owning `/home` (mode 0755).
+fn engine(dir: &Path) -> Arc<Engine> {
+    let e = Engine::open(config(dir)).unwrap();
+    let sys = Caller::system();
+    e.create_user(&sys, NewUser { name: "alice".into(), password: PASSWORD.into(), uid: Some(1000), ..Default::default() }).unwrap();
+    let alice = e.authenticate_password("alice", PASSWORD).unwrap();
+    let home = e.mkdir(&sys, ROOT_INO, b"home", 0o755).unwrap();
+    e.setattr(&sys, home.ino, storage_engine::SetAttr { uid: Some(alice.uid), gid: Some(alice.gid), ..Default::default() }).unwrap();
+    e
+}
+
+struct Server {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Server {
+    async fn start(engine: Arc<Engine>, key: &Path) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel();
+        let mut opts = SftpOptions::new(key);
+        opts.auth_rejection_delay_ms = 100;
+        let task = tokio::spawn(aquifer_sftp::serve(engine, listener, opts, async {
+            let _ = rx.await;
+        }));
+        Server { addr, stop: Some(tx), task: Some(task) }
+    }
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap().unwrap();
+    }
+}
+
+async fn run(program: &str, args: Vec<String>, hint: &str) -> Output {
+    let program = program.to_string();
+    let hint = hint.to_string();
+    tokio::task::spawn_blocking(move || {
+        Command::new(&program).args(&args).output().unwrap_or_else(|e| panic!("cannot run {program} ({e}): install {hint} (scripts/deps.sh)"))
+    })
+    .await
+    .unwrap()
+}
+
+/// Runs an OpenSSH `sftp -b` batch as `user` with `password`.
+async fn sftp_batch(addr: SocketAddr, user: &str, password: &str, batch: &str, work: &Path) -> Output {
+    let file = work.join("batch");
+    std::fs::write(&file, batch).unwrap();
+    let args = vec![
+        "-p".to_string(),
+        password.to_string(),
+        "sftp".into(),
+        "-o".into(),
+        "BatchMode=no".into(),
+        "-b".into(),
+        file.display().to_string(),
+        "-P".into(),
+        addr.port().to_string(),
+        "-o".into(),
+        "StrictHostKeyChecking=no".into(),
+        "-o".into(),
+        "UserKnownHostsFile=/dev/null".into(),
+        "-o".into(),
+        "PreferredAuthentications=password".into(),
+        "-o".into(),
+        "PubkeyAuthentication=no".into(),
+        format!("{user}@127.0.0.1"),
+    ];
+    run("sshpass", args, "the Debian packages sshpass and openssh-client").await
+}
+
+fn show(o: &Output) -> String {
+    format!("{}\nstdout: {}\nstderr: {}", o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn read_all(e: &Engine, path: &str) -> Vec<u8> {
+    let c = Caller::system();
+    let a = e.resolve(&c, path).expect("resolve");
+    e.read(&c, a.ino, 0, a.size as usize + 1).expect("read")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn openssh_sftp_batch_puts_gets_lists_and_renames() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let key = dir.path().join("ssh_host_ed25519_key");
+    let server = Server::start(e.clone(), &key).await;
+    let work = tempfile::tempdir().unwrap();
+    let big = bytes(3, 2 * 1024 * 1024 + 123);
+    std::fs::write(work.path().join("big.bin"), &big).unwrap();
+    let batch = format!(
+        "cd /home\nmkdir sub\nput -f {w}/big.bin sub/big.bin\nls -l sub\nrename sub/big.bin sub/moved.bin\nget sub/moved.bin {w}/back.bin\nsymlink sub/moved.bin link\nls -l\nmkdir gone\nrmdir gone\nput {w}/big.bin sub/tmp\nrm sub/tmp\nchmod 600 sub/moved.bin\n",
+        w = work.path().display()
+    );
+    let out = sftp_batch(server.addr, "alice", PASSWORD, &batch, work.path()).await;
+    assert!(out.status.success(), "sftp batch: {}", show(&out));
+    assert_eq!(std::fs::read(work.path().join("back.bin")).unwrap(), big, "bytes back over SFTP");
+    assert_eq!(read_all(&e, "/home/sub/moved.bin"), big, "engine sees the uploaded bytes");
+    let c = Caller::system();
+    let a = e.resolve(&c, "/home/sub/moved.bin").unwrap();
+    assert_eq!((a.uid, a.mode & 0o777), (1000, 0o600), "owned by the logged-in user; chmod applied");
+    let l = e.resolve(&c, "/home/link").unwrap();
+    assert_eq!(e.readlink(&c, l.ino).unwrap(), b"sub/moved.bin");
+    assert!(e.resolve(&c, "/home/gone").is_err() && e.resolve(&c, "/home/sub/tmp").is_err());
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(listing.contains("moved.bin") || listing.contains("big.bin"), "{listing}");
+    // The host key is kept: a second start reuses the same file.
+    let before = std::fs::read(&key).unwrap();
+    server.stop().await;
+    let server = Server::start(e.clone(), &key).await;
+    assert_eq!(std::fs::read(&key).unwrap(), before);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wrong_passwords_and_foreign_files_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let server = Server::start(e.clone(), &dir.path().join("key")).await;
+    let work = tempfile::tempdir().unwrap();
+    let out = sftp_batch(server.addr, "alice", "not-the-password", "ls /\n", work.path()).await;
+    assert!(!out.status.success(), "a wrong password must be refused: {}", show(&out));
+    let out = sftp_batch(server.addr, "mallory", PASSWORD, "ls /\n", work.path()).await;
+    assert!(!out.status.success(), "an unknown user must be refused");
+    // alice may not write into the root directory (owned by root, 0755).
+    std::fs::write(work.path().join("f"), b"x").unwrap();
+    let out = sftp_batch(server.addr, "alice", PASSWORD, &format!("put {}/f /f\n", work.path().display()), work.path()).await;
+    assert!(!out.status.success(), "permission checks apply: {}", show(&out));
+    assert!(e.resolve(&Caller::system(), "/f").is_err());
+    server.stop().await;
+}
+
+const PARAMIKO_SCRIPT: &str = r#"
+import os, sys, paramiko
+port, password, data_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+t = paramiko.Transport(("127.0.0.1", port))
+t.connect(username="alice", password=password)
+s = paramiko.SFTPClient.from_transport(t)
+data = open(data_path, "rb").read()
+with s.open("/home/p.bin", "wb") as f:
+    f.set_pipelined(True)
+    f.write(data)
+    f.flush()
+# Partial reads at offsets, seeks, and a read past the end.
+with s.open("/home/p.bin", "rb") as f:
+    for off, n in [(0, 10), (12345, 70000), (len(data) - 5, 100), (len(data) + 10, 10)]:
+        f.seek(off)
+        got = f.read(n)
+        assert got == data[off:off + n], (off, n, len(got))
+# Overwrite in the middle.
+with s.open("/home/p.bin", "r+b") as f:
+    f.seek(1000)
+    f.write(b"MIDDLE")
+    f.flush()
+data = data[:1000] + b"MIDDLE" + data[1006:]
+with s.open("/home/p.bin", "rb") as f:
+    assert f.read() == data
+st = s.stat("/home/p.bin")
+assert st.st_size == len(data), st.st_size
+# Paths that try to climb out of the namespace stay inside it.
+assert s.normalize("/../../..") == "/", s.normalize("/../../..")
+assert sorted(s.listdir("/../../home/..")) == sorted(s.listdir("/"))
+with s.open("/../../../home/../home/escape.txt", "wb") as f:
+    f.write(b"inside")
+# Truncate through setstat.
+s.truncate("/home/p.bin", 4096)
+assert s.stat("/home/p.bin").st_size == 4096
+s.close(); t.close()
+print("paramiko ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paramiko_partial_reads_seeks_large_files_and_confinement() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let server = Server::start(e.clone(), &dir.path().join("key")).await;
+    let work = tempfile::tempdir().unwrap();
+    let data = bytes(9, 5 * 1024 * 1024 + 77);
+    let data_path = work.path().join("data.bin");
+    std::fs::write(&data_path, &data).unwrap();
+    let script = work.path().join("t.py");
+    std::fs::write(&script, PARAMIKO_SCRIPT).unwrap();
+    let check = run("python3", vec!["-c".into(), "import paramiko".into()], "python3").await;
+    assert!(check.status.success(), "python3 has no paramiko: install it with `pip install paramiko` (scripts/deps.sh)");
+    let out = run(
+        "python3",
+        vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into(), data_path.display().to_string()],
+        "python3",
+    )
+    .await;
+    assert!(out.status.success(), "paramiko: {}", show(&out));
+    let mut want = data.clone();
+    want[1000..1006].copy_from_slice(b"MIDDLE");
+    want.truncate(4096);
+    assert_eq!(read_all(&e, "/home/p.bin"), want);
+    assert_eq!(read_all(&e, "/home/escape.txt"), b"inside");
+    server.stop().await;
+}

@@ -1,0 +1,116 @@
+//! One namespace, every protocol: a file written through any of REST, S3, NFSv3 and SFTP reads
+//! back bit-exact, with the same size, through all the others — with the real clients
+//! (awscli, libnfs `nfs-cp`/`nfs-cat`, OpenSSH `sftp` via `sshpass`) against one daemon.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::*;
+
+fn run(program: &str, args: &[&str], env: &[(&str, &str)], package: &str) -> Output {
+    let mut c = Command::new(program);
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    match c.output() {
+        Ok(o) => o,
+        Err(e) => panic!("run {program} ({e}); install the Debian package {package} (scripts/deps.sh does)"),
+    }
+}
+
+fn ok(o: Output, what: &str) -> Vec<u8> {
+    assert!(o.status.success(), "{what}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    o.stdout
+}
+
+fn aws(d: &Daemon, args: &[&str]) -> Vec<u8> {
+    let endpoint = format!("http://{}", d.s3);
+    let mut all = vec!["--endpoint-url", endpoint.as_str(), "--region", "us-east-1"];
+    all.extend_from_slice(args);
+    let env = [
+        ("AWS_ACCESS_KEY_ID", S3_ACCESS),
+        ("AWS_SECRET_ACCESS_KEY", S3_SECRET),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+        ("AWS_CONFIG_FILE", "/dev/null"),
+        ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null"),
+    ];
+    ok(run("aws", &all, &env, "awscli"), &format!("aws {args:?}"))
+}
+
+fn nfs_url(d: &Daemon, path: &str) -> String {
+    let port = d.nfs.rsplit(':').next().unwrap();
+    format!("nfs://127.0.0.1/{path}?nfsport={port}&mountport={port}&version=3")
+}
+
+fn sftp(d: &Daemon, batch: &str, work: &Path) -> Vec<u8> {
+    let port = d.sftp.rsplit(':').next().unwrap();
+    let file = work.join("batch");
+    std::fs::write(&file, batch).unwrap();
+    let o = run(
+        "sshpass",
+        &[
+            "-p", ADMIN_PASSWORD, "sftp", "-o", "BatchMode=no", "-b", file.to_str().unwrap(), "-P", port,
+            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "PubkeyAuthentication=no",
+            "admin@127.0.0.1",
+        ],
+        &[],
+        "sshpass and openssh-client",
+    );
+    ok(o, "sftp batch")
+}
+
+fn rest_get(d: &Daemon, path: &str) -> Vec<u8> {
+    let r = d.client().get(d.url(&format!("/api/v1/files/{path}"))).basic_auth("admin", Some(ADMIN_PASSWORD)).send().unwrap();
+    assert_eq!(r.status(), 200, "REST GET {path}");
+    r.bytes().unwrap().to_vec()
+}
+
+#[test]
+fn a_file_written_through_any_protocol_reads_back_through_all_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&dir.path().join("data"), &[]);
+    aws(&d, &["s3", "mb", "s3://shared"]);
+
+    let sources = ["rest", "s3", "nfs", "sftp"];
+    for (i, src) in sources.iter().enumerate() {
+        let data = bytes(i as u64 + 1, 3_000_000 + i * 12_345);
+        let local = work.path().join(format!("{src}.bin"));
+        std::fs::write(&local, &data).unwrap();
+        let l = local.to_str().unwrap();
+        let key = format!("from-{src}.bin");
+        match *src {
+            "rest" => {
+                let r = d.client().put(d.url(&format!("/api/v1/files/shared/{key}"))).basic_auth("admin", Some(ADMIN_PASSWORD)).body(data.clone()).send().unwrap();
+                assert!(r.status().is_success());
+            }
+            "s3" => {
+                aws(&d, &["s3", "cp", l, &format!("s3://shared/{key}")]);
+            }
+            "nfs" => {
+                ok(run("nfs-cp", &[l, &nfs_url(&d, &format!("/shared/{key}"))], &[], "libnfs-utils"), "nfs-cp");
+            }
+            "sftp" => {
+                sftp(&d, &format!("put {l} /shared/{key}\n"), work.path());
+            }
+            _ => unreachable!(),
+        }
+        // Read it through every protocol.
+        assert!(rest_get(&d, &format!("shared/{key}")) == data, "{src} -> REST");
+        assert!(aws(&d, &["s3", "cp", &format!("s3://shared/{key}"), "-"]) == data, "{src} -> S3");
+        assert!(ok(run("nfs-cat", &[&nfs_url(&d, &format!("/shared/{key}"))], &[], "libnfs-utils"), "nfs-cat") == data, "{src} -> NFS");
+        let back = work.path().join(format!("{src}.back"));
+        sftp(&d, &format!("get /shared/{key} {}\n", back.display()), work.path());
+        assert!(std::fs::read(&back).unwrap() == data, "{src} -> SFTP");
+        let head: serde_json::Value = serde_json::from_slice(&aws(&d, &["s3api", "head-object", "--bucket", "shared", "--key", &key])).unwrap();
+        assert_eq!(head["ContentLength"].as_u64(), Some(data.len() as u64), "{src}: S3 size");
+    }
+    let listing = String::from_utf8(aws(&d, &["s3", "ls", "s3://shared/"])).unwrap();
+    for src in sources {
+        assert!(listing.contains(&format!("from-{src}.bin")), "{listing}");
+    }
+    d.stop();
+}
