@@ -649,6 +649,13 @@ impl Engine {
         Ok((parent, name))
     }
 
+    /// Which of `mask` (4 read, 2 write, 1 execute/search) the caller may do on `ino`, by the
+    /// same rules every operation is checked with (NFS ACCESS, SMB maximal access).
+    pub fn access(&self, caller: &Caller, ino: Ino, mask: u32) -> Result<u32> {
+        let rec = self.load(ino)?;
+        Ok([R, W, X].into_iter().filter(|b| mask & b != 0 && may(caller, &rec, *b)).fold(0, |a, b| a | b))
+    }
+
     pub fn readlink(&self, _caller: &Caller, ino: Ino) -> Result<Vec<u8>> {
         let rec = self.load(ino)?;
         if rec.kind != FileKind::Symlink {

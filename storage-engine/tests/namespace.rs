@@ -262,3 +262,21 @@ fn s3_keys_map_to_users() {
     e.delete_s3_key(&alice, &ak).unwrap();
     assert!(matches!(e.s3_credentials(&ak), Err(Error::Unauthenticated)));
 }
+
+#[test]
+fn ssh_keys_and_access_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let alice = user(&e, "alice");
+    let line = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPkxDfaWnWQ6Rb1bOy8a1tTXGlHe5cRP1tUjZ7kBKf2V alice@laptop";
+    let id = e.add_ssh_key(&alice, "alice", line).unwrap();
+    assert_eq!(e.ssh_keys_of("alice").unwrap(), vec![(id.clone(), line.to_string())]);
+    assert!(e.add_ssh_key(&alice, "admin", line).is_err(), "users add keys only for themselves");
+    assert!(e.add_ssh_key(&alice, "alice", "not a key").is_err());
+    e.delete_ssh_key(&alice, "alice", &id).unwrap();
+    assert!(e.ssh_keys_of("alice").unwrap().is_empty());
+    let f = e.create(&root(), ROOT_INO, b"ro", 0o644, true).unwrap();
+    assert_eq!(e.access(&alice, f.ino, 7).unwrap(), 4);
+    assert_eq!(e.access(&root(), f.ino, 7).unwrap(), 6);
+    assert_eq!(e.access(&alice, ROOT_INO, 7).unwrap(), 5);
+}

@@ -28,6 +28,12 @@ pub(crate) fn routes(r: Routes) -> Routes {
         .on(Method::GET, "/api/v1/users/{name}", get_user)
         .on(Method::PATCH, "/api/v1/users/{name}", update_user)
         .on(Method::DELETE, "/api/v1/users/{name}", delete_user)
+        .on(Method::POST, "/api/v1/users/{name}/s3-keys", create_s3_key)
+        .on(Method::GET, "/api/v1/s3-keys", list_s3_keys)
+        .on(Method::DELETE, "/api/v1/s3-keys/{access_key}", delete_s3_key)
+        .on(Method::POST, "/api/v1/users/{name}/ssh-keys", add_ssh_key)
+        .on(Method::GET, "/api/v1/users/{name}/ssh-keys", list_ssh_keys)
+        .on(Method::DELETE, "/api/v1/users/{name}/ssh-keys/{id}", delete_ssh_key)
         .on(Method::GET, "/api/v1/groups", list_groups)
         .on(Method::POST, "/api/v1/groups", create_group)
         .on(Method::DELETE, "/api/v1/groups/{name}", delete_group)
@@ -47,6 +53,73 @@ fn parse_u32(what: &str, s: &str) -> ApiResult<u32> {
 
 fn parse_u64(what: &str, s: &str) -> ApiResult<u64> {
     s.parse().map_err(|_| ApiError::bad_request(format!("{what} must be a number, not {s:?}")))
+}
+
+// ------------------------------------------------------------------ S3 and SSH keys
+
+/// Issues an S3 key pair for a user (admins for anybody, users for themselves); the secret is
+/// shown this once. A body with both fields stores a given pair instead.
+async fn create_s3_key(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<wire::S3KeyIssued>)> {
+    let req: wire::NewS3Key = if body.is_empty() {
+        wire::NewS3Key::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+    };
+    let engine = st.engine.clone();
+    let (access_key, secret_key) = blocking(move || {
+        let pair = match (&req.access_key, &req.secret_key) {
+            (Some(a), Some(s)) => Some((a.as_str(), s.as_str())),
+            (None, None) => None,
+            _ => return Err(Error::InvalidArgument("give both access_key and secret_key, or neither".into())),
+        };
+        engine.create_s3_key(&caller, &name, pair)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(wire::S3KeyIssued { access_key, secret_key })))
+}
+
+async fn list_s3_keys(State(st): State<AppState>, Auth(caller): Auth) -> ApiResult<Json<Vec<wire::S3Key>>> {
+    let engine = st.engine.clone();
+    let v = blocking(move || engine.list_s3_keys(&caller)).await?;
+    Ok(Json(v.into_iter().map(|k| wire::S3Key { access_key: k.access_key, user: k.user, created_ns: k.created_ns }).collect()))
+}
+
+async fn delete_s3_key(State(st): State<AppState>, Auth(caller): Auth, Path(access): Path<String>) -> ApiResult<StatusCode> {
+    let engine = st.engine.clone();
+    blocking(move || engine.delete_s3_key(&caller, &access)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn add_ssh_key(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(name): Path<String>,
+    JsonBody(req): JsonBody<wire::NewSshKey>,
+) -> ApiResult<(StatusCode, Json<wire::SshKey>)> {
+    let engine = st.engine.clone();
+    let key = req.key.clone();
+    let id = blocking(move || engine.add_ssh_key(&caller, &name, &req.key)).await?;
+    Ok((StatusCode::CREATED, Json(wire::SshKey { id, key: key.trim().to_string() })))
+}
+
+async fn list_ssh_keys(State(st): State<AppState>, Auth(caller): Auth, Path(name): Path<String>) -> ApiResult<Json<Vec<wire::SshKey>>> {
+    if caller.user != name && caller.role < Role::ReadOnly {
+        return Err(Error::PermissionDenied.into());
+    }
+    let engine = st.engine.clone();
+    let v = blocking(move || engine.ssh_keys_of(&name)).await?;
+    Ok(Json(v.into_iter().map(|(id, key)| wire::SshKey { id, key }).collect()))
+}
+
+async fn delete_ssh_key(State(st): State<AppState>, Auth(caller): Auth, Path((name, id)): Path<(String, String)>) -> ApiResult<StatusCode> {
+    let engine = st.engine.clone();
+    blocking(move || engine.delete_ssh_key(&caller, &name, &id)).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 // ------------------------------------------------------------------ health

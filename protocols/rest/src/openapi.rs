@@ -130,6 +130,25 @@ fn operations() -> Vec<Op> {
         op("delete", "/api/v1/users/{name}", "identities", "Delete a user and its tokens (admin role)")
             .params(name())
             .ok("204", "deleted", None),
+        op("post", "/api/v1/users/{name}/s3-keys", "identities", "Issue an S3 key pair (oneself, or admin role); body empty or both fields")
+            .params(name())
+            .body(schema_ref("NewS3Key"))
+            .ok("201", "key issued; the secret is shown once", Some(schema_ref("S3KeyIssued"))),
+        op("get", "/api/v1/s3-keys", "identities", "S3 access keys (one's own, or all with read-only role)")
+            .ok("200", "keys", Some(array_of("S3Key"))),
+        op("delete", "/api/v1/s3-keys/{access_key}", "identities", "Delete an S3 access key (its owner, or admin role)")
+            .params(vec![path_param("access_key", "access key id")])
+            .ok("204", "deleted", None),
+        op("post", "/api/v1/users/{name}/ssh-keys", "identities", "Add an SSH public key for SFTP login (oneself, or admin role)")
+            .params(name())
+            .body(schema_ref("NewSshKey"))
+            .ok("201", "key added", Some(schema_ref("SshKey"))),
+        op("get", "/api/v1/users/{name}/ssh-keys", "identities", "A user's SSH public keys (oneself, or read-only role)")
+            .params(name())
+            .ok("200", "keys", Some(array_of("SshKey"))),
+        op("delete", "/api/v1/users/{name}/ssh-keys/{id}", "identities", "Remove an SSH public key (oneself, or admin role)")
+            .params(vec![path_param("name", "user name"), path_param("id", "key id")])
+            .ok("204", "removed", None),
         op("get", "/api/v1/groups", "identities", "List groups (read-only role)").ok("200", "groups", Some(array_of("Group"))),
         op("post", "/api/v1/groups", "identities", "Create a group (admin role)")
             .body(schema_ref("NewGroup"))
@@ -243,6 +262,11 @@ fn schemas() -> Value {
         "Token": obj(&[("id", s()), ("user", s()), ("role", role()), ("created_ns", int()), ("expires_ns", int()), ("label", s())],
             &["id", "user", "role", "created_ns", "label"]),
         "TokenIssued": obj(&[("token", s()), ("info", schema_ref("Token"))], &["token", "info"]),
+        "NewS3Key": obj(&[("access_key", s()), ("secret_key", s())], &[]),
+        "S3KeyIssued": obj(&[("access_key", s()), ("secret_key", s())], &["access_key", "secret_key"]),
+        "S3Key": obj(&[("access_key", s()), ("user", s()), ("created_ns", int())], &["access_key", "user", "created_ns"]),
+        "NewSshKey": obj(&[("key", s())], &["key"]),
+        "SshKey": obj(&[("id", s()), ("key", s())], &["id", "key"]),
         "NewJob": obj(&[("kind", json!({ "type": "string", "enum": ["scrub", "rebuild"] })), ("drive", int()), ("bytes_per_sec_max", int())], &["kind"]),
         "Job": obj(&[
             ("id", int()), ("kind", json!({ "type": "string", "enum": ["scrub", "rebuild"] })), ("drive", int()),

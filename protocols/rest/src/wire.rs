@@ -279,6 +279,41 @@ pub struct TokenIssued {
     pub info: Token,
 }
 
+/// Body of `POST /users/{name}/s3-keys`: empty (generate) or both fields (store this pair).
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewS3Key {
+    pub access_key: Option<String>,
+    pub secret_key: Option<String>,
+}
+
+/// A new S3 key pair: the secret is shown this once.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct S3KeyIssued {
+    pub access_key: String,
+    pub secret_key: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct S3Key {
+    pub access_key: String,
+    pub user: String,
+    pub created_ns: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewSshKey {
+    /// One OpenSSH public key line.
+    pub key: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SshKey {
+    pub id: String,
+    pub key: String,
+}
+
 // ------------------------------------------------------------------ jobs
 
 #[derive(Debug, Serialize, Deserialize)]

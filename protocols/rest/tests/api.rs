@@ -682,3 +682,43 @@ async fn shutdown_waits_for_requests_in_flight() {
     assert!(got == data);
     assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "no longer listening");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_and_ssh_keys_are_managed_per_user() {
+    let s = start().await;
+    create_user(&s, "dana", "dana-password", "user").await;
+    // Dana issues her own S3 key; the secret is shown once and resolves to her.
+    let res = s.as_user(Method::POST, "/users/dana/s3-keys", "dana", "dana-password").send().await.unwrap();
+    assert_eq!(res.status(), 201);
+    let k: Value = res.json().await.unwrap();
+    let access = k["access_key"].as_str().unwrap().to_string();
+    let (secret, who) = s.engine.s3_credentials(&access).unwrap();
+    assert_eq!(secret, k["secret_key"].as_str().unwrap());
+    assert_eq!(who.user, "dana");
+    // Not for somebody else.
+    let res = s.as_user(Method::POST, "/users/admin/s3-keys", "dana", "dana-password").send().await.unwrap();
+    assert_eq!(res.status(), 403);
+    // Admin stores a given pair; half a pair is refused.
+    let res = s.admin(Method::POST, "/users/dana/s3-keys").json(&json!({ "access_key": "DANAFIXED", "secret_key": "dana-fixed-secret" })).send().await.unwrap();
+    assert_eq!(res.status(), 201);
+    let res = s.admin(Method::POST, "/users/dana/s3-keys").json(&json!({ "access_key": "ONLYHALF" })).send().await.unwrap();
+    assert_eq!(res.status(), 400);
+    let listed = s.admin_json(Method::GET, "/s3-keys", None).await;
+    assert!(listed.as_array().unwrap().iter().all(|k| k.get("secret_key").is_none()), "secrets are never listed");
+    assert_eq!(listed.as_array().unwrap().iter().filter(|k| k["user"] == "dana").count(), 2);
+    let res = s.as_user(Method::DELETE, &format!("/s3-keys/{access}"), "dana", "dana-password").send().await.unwrap();
+    assert_eq!(res.status(), 204);
+    assert!(s.engine.s3_credentials(&access).is_err());
+
+    let line = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPkxDfaWnWQ6Rb1bOy8a1tTXGlHe5cRP1tUjZ7kBKf2V dana@laptop";
+    let res = s.as_user(Method::POST, "/users/dana/ssh-keys", "dana", "dana-password").json(&json!({ "key": line })).send().await.unwrap();
+    assert_eq!(res.status(), 201);
+    let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let res = s.as_user(Method::POST, "/users/dana/ssh-keys", "dana", "dana-password").json(&json!({ "key": "garbage" })).send().await.unwrap();
+    assert_eq!(res.status(), 400);
+    let keys = s.admin_json(Method::GET, "/users/dana/ssh-keys", None).await;
+    assert_eq!(keys.as_array().unwrap().len(), 1);
+    let res = s.as_user(Method::DELETE, &format!("/users/dana/ssh-keys/{id}"), "dana", "dana-password").send().await.unwrap();
+    assert_eq!(res.status(), 204);
+    s.stop().await;
+}
