@@ -6,7 +6,7 @@
 //! Environment: AQUIFER_BENCH_DIR (default /var/tmp), AQUIFER_BENCH_FILE_MIB (default 1024),
 //! AQUIFER_BENCH_SECONDS (small-file phase, default 10). Needs `fio` for the raw baseline.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,26 +16,6 @@ const PASSWORD: &str = "bench-admin-password";
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// A body that produces `left` bytes of a repeating pattern without holding them in memory.
-struct Pattern {
-    left: u64,
-    block: Vec<u8>,
-    pos: usize,
-}
-
-impl Read for Pattern {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.left == 0 {
-            return Ok(0);
-        }
-        let n = buf.len().min(self.block.len() - self.pos).min(self.left as usize);
-        buf[..n].copy_from_slice(&self.block[self.pos..self.pos + n]);
-        self.pos = (self.pos + n) % self.block.len();
-        self.left -= n as u64;
-        Ok(n)
-    }
 }
 
 fn proc_kib(pid: u32, field: &str) -> u64 {
@@ -93,32 +73,30 @@ fn main() {
     std::thread::sleep(Duration::from_millis(500));
     let idle_rss = proc_kib(pid, "VmRSS:");
 
-    let block: Vec<u8> = (0..(1 << 20)).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    let t = Instant::now();
-    let body = reqwest::blocking::Body::sized(Pattern { left: file_mib << 20, block: block.clone(), pos: 0 }, file_mib << 20);
-    let r = client.put(url("/files/bench/big.bin")).basic_auth("admin", Some(PASSWORD)).body(body).send().unwrap();
-    assert!(r.status().is_success(), "PUT: {}", r.status());
-    let put_mibs = file_mib as f64 / t.elapsed().as_secs_f64();
-    let peak_rss_write = proc_kib(pid, "VmHWM:");
-
-    let t = Instant::now();
-    let mut r = client.get(url("/files/bench/big.bin")).basic_auth("admin", Some(PASSWORD)).send().unwrap();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    let mut first = Vec::new();
-    loop {
-        let n = r.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
+    // The large transfers use curl, a client fast enough not to be the bottleneck.
+    let src = dir.path().join("source.bin");
+    {
+        use std::io::Write;
+        let block: Vec<u8> = (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let mut f = std::fs::File::create(&src).unwrap();
+        for _ in 0..file_mib {
+            f.write_all(&block).unwrap();
         }
-        if first.len() < (1 << 20) {
-            first.extend_from_slice(&buf[..n.min((1 << 20) - first.len())]);
-        }
-        total += n as u64;
     }
-    assert_eq!(total, file_mib << 20);
-    assert!(first == block, "GET returned other bytes");
-    let get_mibs = file_mib as f64 / t.elapsed().as_secs_f64();
+    let curl = |args: &[&str]| -> f64 {
+        let out = Command::new("curl")
+            .args(["-s", "-S", "-f", "-o", "/dev/null", "-u", &format!("admin:{PASSWORD}")])
+            .args(args)
+            .output()
+            .expect("run curl");
+        assert!(out.status.success(), "curl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().parse::<f64>().expect("curl speed") / (1 << 20) as f64
+    };
+    let put_mibs = curl(&["-w", "%{speed_upload}", "-T", src.to_str().unwrap(), &url("/files/bench/big.bin")]);
+    let peak_rss_write = proc_kib(pid, "VmHWM:");
+    let get_mibs = curl(&["-w", "%{speed_download}", &url("/files/bench/big.bin")]);
+    let _ = std::fs::remove_file(&src);
+    let _ = &client;
 
     // 4 KiB PUTs from 8 concurrent clients.
     let count = Arc::new(AtomicU64::new(0));

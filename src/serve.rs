@@ -153,6 +153,20 @@ fn write_secret(path: &Path, content: &str) -> Result<()> {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
+    // Stripe and write buffers are MiB-sized and short-lived. glibc raises its mmap threshold
+    // after the first such buffer is freed and from then on carves them from the heap, where
+    // freed space is kept (measured: ~300 MiB RSS after a 1 GiB PUT). A fixed threshold keeps
+    // them mmapped and returned at free; two arenas stop per-thread heaps from multiplying it.
+    // SAFETY: mallopt only changes allocator tuning; called before any other thread exists.
+    // glibc's own MALLOC_MMAP_THRESHOLD_ / MALLOC_ARENA_MAX_ variables, when set, win.
+    unsafe {
+        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+        }
+        if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("AQUIFER_LOG").unwrap_or_else(|_| "info".into()),

@@ -29,7 +29,7 @@ const FILES_PREFIX: &str = "/api/v1/files/";
 const DIRS_PREFIX: &str = "/api/v1/dirs";
 
 /// Upload bytes collected before one engine write call.
-pub const PUT_CHUNK_BYTES: usize = 1 << 20;
+pub const PUT_CHUNK_BYTES: usize = 4 << 20;
 /// Largest piece read from the engine for a download (one full 4+2 stripe of 1 MiB shards).
 pub const READ_PIECE_BYTES_MAX: usize = 4 << 20;
 pub const LIST_LIMIT_DEFAULT: usize = 1000;
@@ -129,23 +129,43 @@ async fn put_file(State(st): State<AppState>, Auth(caller): Auth, uri: Uri, body
     let mut stream = body.into_data_stream();
     let mut buf: Vec<u8> = Vec::with_capacity(PUT_CHUNK_BYTES);
     let mut offset = 0u64;
-    loop {
-        let frame = stream.next().await;
-        let done = frame.is_none();
-        if let Some(frame) = frame {
-            let bytes = frame.map_err(|e| ApiError::bad_request(format!("read request body: {e}")))?;
-            buf.extend_from_slice(&bytes);
+    // One engine write in flight while the next chunk arrives from the network, so that
+    // receiving and storing overlap; memory stays at two chunks.
+    let mut in_flight: Option<tokio::task::JoinHandle<storage_engine::Result<()>>> = None;
+    let result: ApiResult<()> = async {
+        loop {
+            let frame = stream.next().await;
+            let done = frame.is_none();
+            if let Some(frame) = frame {
+                let bytes = frame.map_err(|e| ApiError::bad_request(format!("read request body: {e}")))?;
+                buf.extend_from_slice(&bytes);
+            }
+            if buf.len() >= PUT_CHUNK_BYTES || (done && !buf.is_empty()) {
+                if let Some(h) = in_flight.take() {
+                    finish_write(h).await?;
+                }
+                let chunk = std::mem::replace(&mut buf, Vec::with_capacity(PUT_CHUNK_BYTES));
+                let (engine, c, ino) = (staged.engine.clone(), staged.caller.clone(), staged.ino);
+                let at = offset;
+                offset += chunk.len() as u64;
+                in_flight = Some(tokio::task::spawn_blocking(move || {
+                    engine.write(&c, ino, at, &chunk, Stability::Unstable).map(|_| ())
+                }));
+            }
+            if done {
+                break;
+            }
         }
-        if buf.len() >= PUT_CHUNK_BYTES || (done && !buf.is_empty()) {
-            let chunk = std::mem::replace(&mut buf, Vec::with_capacity(PUT_CHUNK_BYTES));
-            let (engine, c, ino) = (staged.engine.clone(), staged.caller.clone(), staged.ino);
-            let len = chunk.len() as u64;
-            blocking(move || engine.write(&c, ino, offset, &chunk, Stability::Unstable)).await?;
-            offset += len;
-        }
-        if done {
-            break;
-        }
+        Ok(())
+    }
+    .await;
+    // Never leave a write running behind an early return: the staged file's abort follows.
+    if let Some(h) = in_flight.take() {
+        let last = finish_write(h).await;
+        result?;
+        last?;
+    } else {
+        result?;
     }
 
     // Publishing happens on the blocking pool with the guard moved there, so that a client
@@ -155,6 +175,16 @@ async fn put_file(State(st): State<AppState>, Auth(caller): Auth, uri: Uri, body
     let mut res = (status, Json(FileAttrs::from(&attr))).into_response();
     res.headers_mut().insert(header::ETAG, header_value(&etag_of(&attr)));
     Ok(res)
+}
+
+async fn finish_write(h: tokio::task::JoinHandle<storage_engine::Result<()>>) -> ApiResult<()> {
+    match h.await {
+        Ok(r) => r.map_err(ApiError::from),
+        Err(e) => {
+            tracing::error!(error = %e, "engine write panicked");
+            Err(ApiError::internal("internal error"))
+        }
+    }
 }
 
 // ------------------------------------------------------------------ download
