@@ -76,7 +76,7 @@ pub async fn serve(
     let key = load_or_create_host_key(&opts.host_key_path)?;
     let config = Arc::new(Config {
         keys: vec![key],
-        methods: russh::MethodSet::from(&[russh::MethodKind::Password][..]),
+        methods: russh::MethodSet::from(&[russh::MethodKind::PublicKey, russh::MethodKind::Password][..]),
         auth_rejection_time: Duration::from_millis(opts.auth_rejection_delay_ms),
         auth_rejection_time_initial: Some(Duration::ZERO),
         inactivity_timeout: Some(Duration::from_secs(opts.idle_timeout_s)),

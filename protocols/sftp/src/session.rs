@@ -30,6 +30,19 @@ impl SshSession {
     pub(crate) fn new(engine: Arc<Engine>, peer: SocketAddr) -> SshSession {
         SshSession { engine, peer, caller: None, channels: HashMap::new() }
     }
+
+    /// Whether `key` is one of `user`'s registered SSH keys. Stored lines that do not parse
+    /// are skipped (they were checked for shape only when added).
+    async fn key_registered(&self, user: &str, key: &russh::keys::ssh_key::PublicKey) -> bool {
+        let engine = self.engine.clone();
+        let u = user.to_string();
+        let Ok(Ok(keys)) = tokio::task::spawn_blocking(move || engine.ssh_keys_of(&u)).await else {
+            return false;
+        };
+        keys.iter()
+            .filter_map(|(_, line)| russh::keys::ssh_key::PublicKey::from_openssh(line).ok())
+            .any(|k| k.key_data() == key.key_data())
+    }
 }
 
 impl russh::server::Handler for SshSession {
@@ -49,6 +62,33 @@ impl russh::server::Handler for SshSession {
                 info!(peer = %self.peer, user, "SFTP login refused");
                 Ok(Auth::Reject { proceed_with_methods: None, partial_success: false })
             }
+        }
+    }
+
+    /// Only keys the user registered (REST `POST /api/v1/users/{name}/ssh-keys`) proceed to the
+    /// signature check.
+    async fn auth_publickey_offered(&mut self, user: &str, offer: russh::server::PublicKeyOffer<'_>) -> Result<Auth, Self::Error> {
+        if self.key_registered(user, offer.public_key).await {
+            Ok(Auth::Accept)
+        } else {
+            Ok(Auth::Reject { proceed_with_methods: None, partial_success: false })
+        }
+    }
+
+    /// Called once russh has verified the client's signature with the key.
+    async fn auth_publickey(&mut self, user: &str, key: russh::server::VerifiedPublicKey<'_>) -> Result<Auth, Self::Error> {
+        if !self.key_registered(user, key.public_key).await {
+            return Ok(Auth::Reject { proceed_with_methods: None, partial_success: false });
+        }
+        let engine = self.engine.clone();
+        let u = user.to_string();
+        match tokio::task::spawn_blocking(move || engine.caller_for_user(&u)).await? {
+            Ok(caller) => {
+                info!(peer = %self.peer, user, "SFTP login with a public key");
+                self.caller = Some(caller);
+                Ok(Auth::Accept)
+            }
+            Err(_) => Ok(Auth::Reject { proceed_with_methods: None, partial_success: false }),
         }
     }
 

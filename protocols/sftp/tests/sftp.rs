@@ -234,3 +234,59 @@ async fn paramiko_partial_reads_seeks_large_files_and_confinement() {
     assert_eq!(read_all(&e, "/home/escape.txt"), b"inside");
     server.stop().await;
 }
+
+/// Runs an OpenSSH `sftp -b` batch as `user` authenticating with the private key at `key`
+/// only (no password fallback).
+async fn sftp_batch_with_key(addr: SocketAddr, user: &str, key: &Path, batch: &str, work: &Path) -> Output {
+    let file = work.join("batch-key");
+    std::fs::write(&file, batch).unwrap();
+    let args = vec![
+        "-b".to_string(),
+        file.display().to_string(),
+        "-i".into(),
+        key.display().to_string(),
+        "-P".into(),
+        addr.port().to_string(),
+        "-o".into(),
+        "StrictHostKeyChecking=no".into(),
+        "-o".into(),
+        "UserKnownHostsFile=/dev/null".into(),
+        "-o".into(),
+        "IdentitiesOnly=yes".into(),
+        "-o".into(),
+        "PasswordAuthentication=no".into(),
+        format!("{user}@127.0.0.1"),
+    ];
+    run("sftp", args, "the Debian package openssh-client").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn public_key_login_accepts_registered_keys_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let s = Server::start(e.clone(), &dir.path().join("host_key")).await;
+    let mut keys = Vec::new();
+    for name in ["registered", "stranger"] {
+        let k = work.path().join(name);
+        let o = run("ssh-keygen", vec!["-q".into(), "-t".into(), "ed25519".into(), "-N".into(), "".into(), "-f".into(), k.display().to_string()], "the Debian package openssh-client").await;
+        assert!(o.status.success(), "{}", show(&o));
+        keys.push(k);
+    }
+    let alice = e.authenticate_password("alice", PASSWORD).unwrap();
+    let line = std::fs::read_to_string(keys[0].with_extension("pub")).unwrap();
+    e.add_ssh_key(&alice, "alice", &line).unwrap();
+
+    let o = sftp_batch_with_key(s.addr, "alice", &keys[0], "mkdir /home/by-key\nls /home\n", work.path()).await;
+    assert!(o.status.success(), "registered key logs in: {}", show(&o));
+    let a = e.resolve(&Caller::system(), "/home/by-key").unwrap();
+    assert_eq!(a.uid, alice.uid, "the session acts as alice");
+
+    let o = sftp_batch_with_key(s.addr, "alice", &keys[1], "mkdir /home/stranger\n", work.path()).await;
+    assert!(!o.status.success(), "an unregistered key is refused: {}", show(&o));
+    // A registered key does not open another user's account.
+    let o = sftp_batch_with_key(s.addr, "admin", &keys[0], "ls /\n", work.path()).await;
+    assert!(!o.status.success(), "alice's key is not admin's: {}", show(&o));
+    assert!(e.resolve(&Caller::system(), "/home/stranger").is_err());
+    s.stop().await;
+}
