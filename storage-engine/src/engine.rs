@@ -906,6 +906,14 @@ impl Engine {
         batch.put_cf(self.cf(CF_INODES), be64(ino), rec.encode());
     }
 
+    /// A directory whose entries changed: new mtime and ctime, next version, stored.
+    fn put_touched(&self, batch: &mut WriteBatch, ino: Ino, dir: &mut InodeRec, now: i64) {
+        dir.mtime_ns = now;
+        dir.ctime_ns = now;
+        dir.version += 1;
+        self.put_inode(batch, ino, dir);
+    }
+
     fn apply(&self, cmd: &Command, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>) -> Result<Applied> {
         match cmd {
             Command::Create { caller, parent, name, kind, mode, ino, generation, now, target, exclusive, orphan } => {
@@ -964,10 +972,7 @@ impl Engine {
                     if *kind == FileKind::Dir {
                         dir.nlink += 1;
                     }
-                    dir.mtime_ns = *now;
-                    dir.ctime_ns = *now;
-                    dir.version += 1;
-                    self.put_inode(batch, *parent, &dir);
+                    self.put_touched(batch, *parent, &mut dir, *now);
                     events.push(ChangeEvent {
                         ino: *ino,
                         version: 1,
@@ -1001,10 +1006,7 @@ impl Engine {
                 rec.version += 1;
                 self.put_inode(batch, *ino, &rec);
                 batch.put_cf(self.cf(CF_DENTRIES), dentry_key(*parent, name), encode_dentry(*ino, rec.kind));
-                dir.mtime_ns = *now;
-                dir.ctime_ns = *now;
-                dir.version += 1;
-                self.put_inode(batch, *parent, &dir);
+                self.put_touched(batch, *parent, &mut dir, *now);
                 Ok(Applied {
                     attr: Some(attr_of(*ino, &rec)),
                     events: vec![ChangeEvent { ino: *ino, version: rec.version, kind: ChangeKind::Created { parent: *parent, name: name.clone() } }],
@@ -1035,10 +1037,7 @@ impl Engine {
                 }
                 batch.delete_cf(self.cf(CF_DENTRIES), dentry_key(*parent, name));
                 self.drop_link(batch, freed, ino, victim, *now)?;
-                dir.mtime_ns = *now;
-                dir.ctime_ns = *now;
-                dir.version += 1;
-                self.put_inode(batch, *parent, &dir);
+                self.put_touched(batch, *parent, &mut dir, *now);
                 Ok(Applied {
                     attr: None,
                     events: vec![ChangeEvent { ino, version: 0, kind: ChangeKind::Removed { parent: *parent, name: name.clone() } }],
@@ -1070,10 +1069,7 @@ impl Engine {
                 rec.ctime_ns = *now;
                 rec.version += 1;
                 self.put_inode(batch, *ino, &rec);
-                dir.mtime_ns = *now;
-                dir.ctime_ns = *now;
-                dir.version += 1;
-                self.put_inode(batch, *parent, &dir);
+                self.put_touched(batch, *parent, &mut dir, *now);
                 Ok(Applied {
                     attr: Some(attr_of(*ino, &rec)),
                     events: vec![ChangeEvent { ino: *ino, version: rec.version, kind: ChangeKind::Created { parent: *parent, name: name.clone() } }],
