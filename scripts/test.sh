@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+# The Linux kernel NFS client runs in a QEMU guest: kernel, busybox, pjdfstest (cached).
+bash tests/guest/setup.sh
 # A fixed target directory outside the clone keeps RocksDB's 15-minute build warm.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/aquifer-target}"
 mkdir -p "$CARGO_TARGET_DIR"

@@ -383,10 +383,15 @@ impl DataStore {
         assert!(!data.is_empty() && data.len() as u64 <= pool.stripe_data_max());
         let shard_bytes = round_up_block(data.len().div_ceil(pool.k) as u64) as usize;
         let n = pool.k + pool.m;
-        let mut shards: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::zeroed(shard_bytes)).collect();
-        for (i, chunk) in data.chunks(shard_bytes).enumerate() {
-            shards[i][..chunk.len()].copy_from_slice(chunk);
-        }
+        // Data shards are copies of the data (zero-padded at the end of the stripe); parity
+        // shards start zeroed and are filled by the encoder.
+        let mut shards: Vec<AlignedBuf> = (0..n)
+            .map(|i| {
+                let from = (i * shard_bytes).min(data.len());
+                let to = ((i + 1) * shard_bytes).min(data.len());
+                if i < pool.k { AlignedBuf::from_slice_padded(&data[from..to], shard_bytes) } else { AlignedBuf::zeroed(shard_bytes) }
+            })
+            .collect();
         {
             let mut refs: Vec<&mut [u8]> = shards.iter_mut().map(|s| &mut s[..]).collect();
             pool.codec.encode(&mut refs).map_err(|e| Error::Io(format!("erasure encode: {e}")))?;
