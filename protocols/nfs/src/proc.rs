@@ -392,21 +392,17 @@ async fn lookup(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     }
 }
 
-/// ACCESS answers from the mode bits the way the engine will decide; the engine still checks
-/// every operation itself, so a wrong hint costs a client a failed call, never access.
+/// ACCESS asks the engine, which applies the same rules it checks every operation with; the
+/// export's read-only flag is applied on top.
 async fn access(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     let a = args_or_garbage!(ACCESS3args, args);
     let (ctx, attr) = resolve_or!(state, call, &a.object, ACCESS3resfail { obj_attributes: post_op_attr::None });
-    let c = &ctx.caller;
-    let bits = if c.uid == 0 {
-        let x = if attr.kind == FileKind::Dir || attr.mode & 0o111 != 0 { 1 } else { 0 };
-        0o6 | x
-    } else if c.uid == attr.uid {
-        (attr.mode >> 6) & 7
-    } else if c.in_group(attr.gid) {
-        (attr.mode >> 3) & 7
-    } else {
-        attr.mode & 7
+    let (engine, caller, ino) = (ctx.engine(), ctx.caller.clone(), attr.ino);
+    let bits = match blocking(move || engine.access(&caller, ino, 7)).await {
+        Ok(b) => b,
+        Err(e) => {
+            return packed(&ACCESS3res::Err((status(&e), ACCESS3resfail { obj_attributes: post_op_attr::Some(fattr(&attr, ctx.export.id)) })));
+        }
     };
     let mut granted = 0;
     if bits & 4 != 0 {
