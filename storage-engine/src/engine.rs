@@ -169,6 +169,8 @@ pub(crate) enum Command {
         generation: u64,
         now: i64,
         target: Vec<u8>,
+        /// Device number for character and block devices.
+        rdev: u64,
         /// Fail with Exists when the name exists; else return the existing file.
         exclusive: bool,
         /// Create without a directory entry (put-whole and multipart staging).
@@ -289,6 +291,7 @@ pub(crate) fn attr_of(ino: Ino, r: &InodeRec) -> Attr {
         version: r.version,
         generation: r.generation,
         stored_bytes: r.stored_bytes,
+        rdev: r.rdev,
     }
 }
 
@@ -462,6 +465,7 @@ impl Engine {
             parent: ROOT_INO,
             target: vec![],
             stored_bytes: 0,
+            rdev: 0,
         };
         batch.put_cf(db.cf_handle(CF_INODES).expect("cf"), be64(ROOT_INO), root.encode());
         batch.put_cf(sys, KEY_NEXT_INO, be64(ROOT_INO + 1));
@@ -706,6 +710,7 @@ impl Engine {
             FileKind::File => {}
             FileKind::Dir => return Err(Error::IsDir),
             FileKind::Symlink => return Err(Error::InvalidArgument("read of a symlink".into())),
+            k => return Err(Error::InvalidArgument(format!("read of a special file ({k:?})"))),
         }
         check(caller, &rec, R)?;
         let buf = self.buffer_of(ino);
@@ -916,7 +921,7 @@ impl Engine {
 
     fn apply(&self, cmd: &Command, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>) -> Result<Applied> {
         match cmd {
-            Command::Create { caller, parent, name, kind, mode, ino, generation, now, target, exclusive, orphan } => {
+            Command::Create { caller, parent, name, kind, mode, ino, generation, now, target, rdev, exclusive, orphan } => {
                 let mut dir = self.load(*parent)?;
                 if dir.kind != FileKind::Dir {
                     return Err(Error::NotDir);
@@ -959,6 +964,7 @@ impl Engine {
                     parent: if *kind == FileKind::Dir { *parent } else { 0 },
                     target: target.clone(),
                     stored_bytes: 0,
+                    rdev: *rdev,
                 };
                 self.put_inode(batch, *ino, &rec);
                 batch.put_cf(self.cf(CF_SYSTEM), KEY_NEXT_INO, be64(self.next_ino.load(Ordering::Relaxed).max(ino + 1)));
@@ -1438,6 +1444,7 @@ impl Engine {
                 FileKind::Dir => return Err(Error::IsDir),
                 FileKind::Symlink => return Err(Error::InvalidArgument("truncate of a symlink".into())),
                 FileKind::File => {}
+                k => return Err(Error::InvalidArgument(format!("truncate of a special file ({k:?})"))),
             }
             check(caller, &rec, W)?;
             if size > FILE_BYTES_MAX {
@@ -1504,6 +1511,7 @@ impl Engine {
             generation: rand::random(),
             now: self.now(),
             target,
+            rdev: 0,
             exclusive,
             orphan: false,
         };
@@ -1525,6 +1533,32 @@ impl Engine {
             return Err(Error::InvalidArgument("symlink target must be 1-4096 bytes without NUL".into()));
         }
         self.create_node(caller, parent, name, FileKind::Symlink, 0o777, target.to_vec(), true)
+    }
+
+    /// Creates a fifo, socket or device node. Device nodes need root, as on Linux.
+    pub fn mknod(&self, caller: &Caller, parent: Ino, name: &[u8], kind: FileKind, mode: u32, rdev: u64) -> Result<Attr> {
+        if !kind.is_special() {
+            return Err(Error::InvalidArgument("mknod makes fifos, sockets and device nodes".into()));
+        }
+        if matches!(kind, FileKind::CharDevice | FileKind::BlockDevice) && caller.uid != 0 {
+            return Err(Error::PermissionDenied);
+        }
+        let rdev = if matches!(kind, FileKind::CharDevice | FileKind::BlockDevice) { rdev } else { 0 };
+        let cmd = Command::Create {
+            caller: caller.clone(),
+            parent,
+            name: name.to_vec(),
+            kind,
+            mode,
+            ino: self.alloc_ino(),
+            generation: rand::random(),
+            now: self.now(),
+            target: vec![],
+            rdev,
+            exclusive: true,
+            orphan: false,
+        };
+        Ok(self.execute(cmd, false)?.expect("create returns attributes"))
     }
 
     pub fn link(&self, caller: &Caller, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
@@ -1589,6 +1623,7 @@ impl Engine {
             FileKind::File => {}
             FileKind::Dir => return Err(Error::IsDir),
             FileKind::Symlink => return Err(Error::InvalidArgument("write to a symlink".into())),
+            k => return Err(Error::InvalidArgument(format!("write to a special file ({k:?})"))),
         }
         check(caller, &rec, W)?;
         if offset.checked_add(data.len() as u64).is_none_or(|e| e > FILE_BYTES_MAX) {
@@ -1784,6 +1819,7 @@ impl Engine {
             generation: rand::random(),
             now: self.now(),
             target: vec![],
+            rdev: 0,
             exclusive: true,
             orphan: true,
         };

@@ -367,7 +367,7 @@ impl Engine {
                 path.truncate(saved);
                 continue;
             }
-            if e.kind == FileKind::Symlink || key.as_slice() <= st.start_after || !key.starts_with(st.prefix) {
+            if e.kind != FileKind::File || key.as_slice() <= st.start_after || !key.starts_with(st.prefix) {
                 continue;
             }
             if let Some(cp) = st.common_prefix_of(&key) {

@@ -158,6 +158,8 @@ pub(crate) struct InodeRec {
     pub target: Vec<u8>,
     /// Bytes of data held in extents or inline.
     pub stored_bytes: u64,
+    /// Device number of character and block devices.
+    pub rdev: u64,
 }
 
 const INODE_V1: u8 = 1;
@@ -183,7 +185,8 @@ impl InodeRec {
             })
             .u64(self.parent)
             .bytes(&self.target)
-            .u64(self.stored_bytes);
+            .u64(self.stored_bytes)
+            .u64(self.rdev);
         e.finish()
     }
     pub fn decode(b: &[u8]) -> Result<InodeRec> {
@@ -211,6 +214,7 @@ impl InodeRec {
             parent: d.u64()?,
             target: d.bytes()?.to_vec(),
             stored_bytes: d.u64()?,
+            rdev: d.u64()?,
         };
         d.end()?;
         Ok(r)
@@ -481,6 +485,7 @@ mod tests {
             parent: 0,
             target: b"hello".to_vec(),
             stored_bytes: 0,
+            rdev: 0,
         };
         let b = r.encode();
         assert_eq!(InodeRec::decode(&b).unwrap(), r);

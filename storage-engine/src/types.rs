@@ -21,6 +21,12 @@ pub enum FileKind {
     File,
     Dir,
     Symlink,
+    /// Named pipe.
+    Fifo,
+    /// Unix domain socket (the name only; no socket lives in the appliance).
+    Socket,
+    CharDevice,
+    BlockDevice,
 }
 
 impl FileKind {
@@ -29,13 +35,26 @@ impl FileKind {
             FileKind::File => 1,
             FileKind::Dir => 2,
             FileKind::Symlink => 3,
+            FileKind::Fifo => 4,
+            FileKind::Socket => 5,
+            FileKind::CharDevice => 6,
+            FileKind::BlockDevice => 7,
         }
+    }
+
+    /// Special files have no data: fifos, sockets and device nodes.
+    pub fn is_special(self) -> bool {
+        matches!(self, FileKind::Fifo | FileKind::Socket | FileKind::CharDevice | FileKind::BlockDevice)
     }
     pub(crate) fn from_u8(v: u8) -> Option<FileKind> {
         match v {
             1 => Some(FileKind::File),
             2 => Some(FileKind::Dir),
             3 => Some(FileKind::Symlink),
+            4 => Some(FileKind::Fifo),
+            5 => Some(FileKind::Socket),
+            6 => Some(FileKind::CharDevice),
+            7 => Some(FileKind::BlockDevice),
             _ => None,
         }
     }
@@ -62,6 +81,8 @@ pub struct Attr {
     pub generation: u64,
     /// Bytes of storage the file's data occupies before erasure coding.
     pub stored_bytes: u64,
+    /// Device number (major << 32 | minor) of character and block devices; 0 otherwise.
+    pub rdev: u64,
 }
 
 /// Which attributes a setattr changes.

@@ -280,3 +280,28 @@ fn ssh_keys_and_access_checks() {
     assert_eq!(e.access(&root(), f.ino, 7).unwrap(), 6);
     assert_eq!(e.access(&alice, ROOT_INO, 7).unwrap(), 5);
 }
+
+#[test]
+fn special_files_have_no_data_and_devices_need_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let alice = user(&e, "alice");
+    let tmp = e.mkdir(&root(), ROOT_INO, b"tmp", 0o1777).unwrap();
+    let fifo = e.mknod(&alice, tmp.ino, b"pipe", FileKind::Fifo, 0o640, 99).unwrap();
+    assert_eq!(fifo.kind, FileKind::Fifo);
+    assert_eq!(fifo.rdev, 0, "only devices carry a device number");
+    assert_eq!(fifo.uid, alice.uid);
+    assert!(matches!(e.read(&alice, fifo.ino, 0, 10), Err(Error::InvalidArgument(_))));
+    assert!(matches!(e.write(&alice, fifo.ino, 0, b"x", Stability::Durable), Err(Error::InvalidArgument(_))));
+    assert!(matches!(e.mknod(&alice, tmp.ino, b"dev", FileKind::CharDevice, 0o600, 1 << 32 | 3), Err(Error::PermissionDenied)));
+    let dev = e.mknod(&root(), tmp.ino, b"dev", FileKind::BlockDevice, 0o600, (8 << 32) | 1).unwrap();
+    assert_eq!(e.lookup(&root(), tmp.ino, b"dev").unwrap().rdev, (8 << 32) | 1);
+    assert!(matches!(e.mknod(&root(), tmp.ino, b"plain", FileKind::File, 0o600, 0), Err(Error::InvalidArgument(_))));
+    e.rename(&alice, tmp.ino, b"pipe", tmp.ino, b"pipe2").unwrap();
+    e.unlink(&alice, tmp.ino, b"pipe2").unwrap();
+    e.unlink(&root(), tmp.ino, b"dev").unwrap();
+    let _ = dev;
+    // Special files are not objects.
+    e.mknod(&root(), tmp.ino, b"sock", FileKind::Socket, 0o600, 0).unwrap();
+    assert!(e.list_objects(&root(), tmp.ino, b"", None, b"", 100).unwrap().objects.is_empty());
+}

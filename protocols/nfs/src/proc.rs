@@ -164,6 +164,10 @@ pub(crate) fn fattr(a: &Attr, fsid: u32) -> fattr3 {
             FileKind::File => ftype3::NF3REG,
             FileKind::Dir => ftype3::NF3DIR,
             FileKind::Symlink => ftype3::NF3LNK,
+            FileKind::Fifo => ftype3::NF3FIFO,
+            FileKind::Socket => ftype3::NF3SOCK,
+            FileKind::CharDevice => ftype3::NF3CHR,
+            FileKind::BlockDevice => ftype3::NF3BLK,
         },
         mode: a.mode & 0o7777,
         nlink: a.nlink,
@@ -171,7 +175,7 @@ pub(crate) fn fattr(a: &Attr, fsid: u32) -> fattr3 {
         gid: a.gid,
         size: a.size,
         used: a.stored_bytes.max(a.size),
-        rdev: specdata3 { specdata1: 0, specdata2: 0 },
+        rdev: specdata3 { specdata1: (a.rdev >> 32) as u32, specdata2: a.rdev as u32 },
         fsid: u64::from(fsid),
         fileid: a.ino,
         atime: time3(a.atime_ns),
@@ -605,8 +609,40 @@ async fn symlink(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
 async fn mknod(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     let a = args_or_garbage!(MKNOD3args, args);
     let (ctx, dir) = resolve_or!(state, call, &a.where_.dir, MKNOD3resfail { dir_wcc: wcc_data::default() });
+    if ctx.export.export.read_only {
+        let wcc = ctx.wcc_after(Some(&dir), dir.ino).await;
+        return packed(&MKNOD3res::Err((nfsstat3::NFS3ERR_ROFS, MKNOD3resfail { dir_wcc: wcc })));
+    }
+    let (kind, sattr, rdev) = match &a.what {
+        mknoddata3::NF3CHR(d) => (FileKind::CharDevice, &d.dev_attributes, (u64::from(d.spec.specdata1) << 32) | u64::from(d.spec.specdata2)),
+        mknoddata3::NF3BLK(d) => (FileKind::BlockDevice, &d.dev_attributes, (u64::from(d.spec.specdata1) << 32) | u64::from(d.spec.specdata2)),
+        mknoddata3::NF3SOCK(s) => (FileKind::Socket, s, 0),
+        mknoddata3::NF3FIFO(s) => (FileKind::Fifo, s, 0),
+        // Regular files, directories and symlinks have their own procedures (RFC 1813 §3.3.11).
+        mknoddata3::default => {
+            let wcc = ctx.wcc_after(Some(&dir), dir.ino).await;
+            return packed(&MKNOD3res::Err((nfsstat3::NFS3ERR_BADTYPE, MKNOD3resfail { dir_wcc: wcc })));
+        }
+    };
+    let name = a.where_.name.0.to_vec();
+    let mut set = setattr_of(sattr);
+    let (engine, caller, parent) = (ctx.engine(), ctx.caller.clone(), dir.ino);
+    let r = blocking(move || {
+        let mode = set.mode.take().unwrap_or(0o644);
+        set.size = None;
+        let attr = engine.mknod(&caller, parent, &name, kind, mode, rdev)?;
+        if is_empty_set(&set) { Ok(attr) } else { engine.setattr(&caller, attr.ino, set) }
+    })
+    .await;
     let wcc = ctx.wcc_after(Some(&dir), dir.ino).await;
-    packed(&MKNOD3res::Err((nfsstat3::NFS3ERR_NOTSUPP, MKNOD3resfail { dir_wcc: wcc })))
+    match r {
+        Ok(obj) => packed(&MKNOD3res::Ok(MKNOD3resok {
+            obj: post_op_fh3::Some(ctx.handle_of(&obj)),
+            obj_attributes: post_op_attr::Some(fattr(&obj, ctx.export.id)),
+            dir_wcc: wcc,
+        })),
+        Err(e) => packed(&MKNOD3res::Err((status(&e), MKNOD3resfail { dir_wcc: wcc }))),
+    }
 }
 
 async fn remove(state: &Arc<State>, call: &CallInfo, args: &[u8], dir_op: bool) -> Reply {

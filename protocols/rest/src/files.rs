@@ -261,6 +261,7 @@ async fn serve_file(State(st): State<AppState>, Auth(caller): Auth, uri: Uri, he
             FileKind::File => {}
             FileKind::Dir => return Err(Error::IsDir),
             FileKind::Symlink => return Err(Error::InvalidArgument("is a symbolic link".into())),
+            _ => return Err(Error::InvalidArgument("is a special file (fifo, socket or device)".into())),
         }
         // A zero-length read checks read permission before any header is sent.
         engine.read(&c, attr.ino, 0, 0)?;

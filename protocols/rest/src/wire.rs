@@ -413,6 +413,10 @@ pub fn kind_str(k: se::FileKind) -> &'static str {
         se::FileKind::File => "file",
         se::FileKind::Dir => "dir",
         se::FileKind::Symlink => "symlink",
+        se::FileKind::Fifo => "fifo",
+        se::FileKind::Socket => "socket",
+        se::FileKind::CharDevice => "char-device",
+        se::FileKind::BlockDevice => "block-device",
     }
 }
 

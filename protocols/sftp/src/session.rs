@@ -170,6 +170,10 @@ fn attrs_of(a: &Attr) -> FileAttributes {
         FileKind::File => 0o100000,
         FileKind::Dir => 0o040000,
         FileKind::Symlink => 0o120000,
+        FileKind::Fifo => 0o010000,
+        FileKind::Socket => 0o140000,
+        FileKind::CharDevice => 0o020000,
+        FileKind::BlockDevice => 0o060000,
     };
     FileAttributes {
         size: Some(a.size),
@@ -188,6 +192,10 @@ fn longname(name: &str, a: &Attr) -> String {
         FileKind::File => '-',
         FileKind::Dir => 'd',
         FileKind::Symlink => 'l',
+        FileKind::Fifo => 'p',
+        FileKind::Socket => 's',
+        FileKind::CharDevice => 'c',
+        FileKind::BlockDevice => 'b',
     };
     let mut perms = String::new();
     for shift in [6, 3, 0] {
