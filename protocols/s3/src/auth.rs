@@ -41,12 +41,26 @@ pub(crate) fn caller_of(engine: &Engine, creds: Option<&Credentials>) -> S3Resul
     }
 }
 
-/// Whether anonymous clients may read `bucket`.
-pub(crate) fn bucket_is_public(engine: &Engine, bucket: &str) -> bool {
+/// What an anonymous client may learn about a bucket name.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum BucketVisibility {
+    Missing,
+    Private,
+    PublicRead,
+}
+
+/// Whether `bucket` exists and whether anonymous clients may read it.
+pub(crate) fn bucket_visibility(engine: &Engine, bucket: &str) -> BucketVisibility {
     let sys = Caller::system();
     match engine.lookup(&sys, ROOT_INO, bucket.as_bytes()) {
-        Ok(a) if a.kind == FileKind::Dir => engine.getxattr(&sys, a.ino, XATTR_PUBLIC_READ).is_ok_and(|v| v == b"1"),
-        _ => false,
+        Ok(a) if a.kind == FileKind::Dir => {
+            if engine.getxattr(&sys, a.ino, XATTR_PUBLIC_READ).is_ok_and(|v| v == b"1") {
+                BucketVisibility::PublicRead
+            } else {
+                BucketVisibility::Private
+            }
+        }
+        _ => BucketVisibility::Missing,
     }
 }
 
@@ -61,6 +75,26 @@ const ANONYMOUS_READS: &[&str] = &[
     "GetObjectAttributes",
 ];
 
+/// Longest validity of a presigned URL (as S3: seven days).
+pub const PRESIGNED_EXPIRES_SECS_MAX: u64 = 7 * 24 * 3600;
+
+/// s3s checks that a presigned URL has not expired, but accepts any validity period; S3
+/// refuses URLs valid for more than [`PRESIGNED_EXPIRES_SECS_MAX`].
+fn check_presigned_expiry(query: Option<&str>) -> S3Result<()> {
+    let Some(q) = query else { return Ok(()) };
+    for pair in q.split('&') {
+        if let Some(v) = pair.strip_prefix("X-Amz-Expires=")
+            && v.parse::<u64>().is_ok_and(|secs| secs > PRESIGNED_EXPIRES_SECS_MAX)
+        {
+            return Err(S3Error::with_message(
+                S3ErrorCode::AuthorizationQueryParametersError,
+                format!("X-Amz-Expires must be at most {PRESIGNED_EXPIRES_SECS_MAX} seconds (seven days)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(crate) struct PublicReadAccess {
     pub engine: Arc<Engine>,
 }
@@ -69,20 +103,37 @@ pub(crate) struct PublicReadAccess {
 impl S3Access for PublicReadAccess {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
         if cx.credentials().is_some() {
-            return Ok(());
+            return check_presigned_expiry(cx.uri().query());
         }
         let bucket = match cx.s3_path() {
             S3Path::Bucket { bucket } | S3Path::Object { bucket, .. } => bucket.to_string(),
             S3Path::Root => return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused")),
         };
-        if !ANONYMOUS_READS.contains(&cx.s3_op().name()) {
-            return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused"));
-        }
+        let op = cx.s3_op().name();
         let engine = self.engine.clone();
-        if blocking(move || Ok(bucket_is_public(&engine, &bucket))).await? {
+        let visibility = blocking(move || Ok(bucket_visibility(&engine, &bucket))).await?;
+        // As S3: a bucket that does not exist is NoSuchBucket for anyone (bucket names are
+        // one shared name space, so this discloses nothing a CreateBucket would not).
+        if visibility == BucketVisibility::Missing && op != "CreateBucket" {
+            return Err(S3Error::new(S3ErrorCode::NoSuchBucket));
+        }
+        if visibility == BucketVisibility::PublicRead && ANONYMOUS_READS.contains(&op) {
             Ok(())
         } else {
             Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presigned_urls_are_valid_for_at_most_seven_days() {
+        assert!(check_presigned_expiry(None).is_ok());
+        assert!(check_presigned_expiry(Some("X-Amz-Expires=604800&X-Amz-Date=x")).is_ok());
+        let e = check_presigned_expiry(Some("a=b&X-Amz-Expires=604801")).unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::AuthorizationQueryParametersError);
     }
 }

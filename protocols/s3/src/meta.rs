@@ -59,24 +59,27 @@ pub(crate) struct ObjectMeta {
     pub content_disposition: Option<String>,
     pub content_language: Option<String>,
     pub cache_control: Option<String>,
+    /// The `Expires` header as the client sent it (an HTTP date), returned as stored.
+    pub expires: Option<String>,
     /// `x-amz-meta-*` without the prefix, names lower-cased.
     pub user: BTreeMap<String, String>,
 }
 
-const FIELDS: [&str; 5] = ["content-type", "content-encoding", "content-disposition", "content-language", "cache-control"];
+const FIELDS: [&str; 6] = ["content-type", "content-encoding", "content-disposition", "content-language", "cache-control", "expires"];
 
 impl ObjectMeta {
-    fn fields(&self) -> [&Option<String>; 5] {
-        [&self.content_type, &self.content_encoding, &self.content_disposition, &self.content_language, &self.cache_control]
+    fn fields(&self) -> [&Option<String>; 6] {
+        [&self.content_type, &self.content_encoding, &self.content_disposition, &self.content_language, &self.cache_control, &self.expires]
     }
 
-    fn fields_mut(&mut self) -> [&mut Option<String>; 5] {
+    fn fields_mut(&mut self) -> [&mut Option<String>; 6] {
         [
             &mut self.content_type,
             &mut self.content_encoding,
             &mut self.content_disposition,
             &mut self.content_language,
             &mut self.cache_control,
+            &mut self.expires,
         ]
     }
 
@@ -124,7 +127,11 @@ pub const TAGS_MAX: usize = 10;
 pub const TAG_KEY_BYTES_MAX: usize = 128;
 pub const TAG_VALUE_BYTES_MAX: usize = 256;
 
+/// Tags are stored sorted by key: a tag set has no order, and a canonical one makes
+/// GetObjectTagging answer the same whichever order the set was sent in.
 pub(crate) fn encode_tags(tags: &[(String, String)]) -> Vec<u8> {
+    let mut tags: Vec<&(String, String)> = tags.iter().collect();
+    tags.sort();
     let v: Vec<Value> = tags.iter().map(|(k, v)| Value::Array(vec![Value::String(k.clone()), Value::String(v.clone())])).collect();
     serde_json::to_vec(&Value::Array(v)).expect("a JSON array of strings serializes")
 }
@@ -158,11 +165,18 @@ mod tests {
 
     #[test]
     fn object_meta_and_tags_round_trip() {
-        let mut m = ObjectMeta { content_type: Some("text/plain".into()), cache_control: Some("no-cache".into()), ..Default::default() };
+        let mut m = ObjectMeta {
+            content_type: Some("text/plain".into()),
+            cache_control: Some("no-cache".into()),
+            expires: Some("Wed, 21 Oct 2015 07:28:00 GMT".into()),
+            ..Default::default()
+        };
         m.user.insert("color".into(), "blue".into());
         assert_eq!(ObjectMeta::decode(&m.encode()), m);
         assert!(ObjectMeta::decode(b"not json").is_empty());
         let tags = vec![("a".to_string(), "1".to_string()), ("b c".to_string(), String::new())];
         assert_eq!(decode_tags(&encode_tags(&tags)), tags);
+        let unsorted = vec![("foo".to_string(), "bar".to_string()), ("bar".to_string(), String::new())];
+        assert_eq!(decode_tags(&encode_tags(&unsorted)), vec![unsorted[1].clone(), unsorted[0].clone()]);
     }
 }

@@ -322,16 +322,29 @@ fn meta_from(
     content_disposition: Option<String>,
     content_language: Option<String>,
     cache_control: Option<String>,
+    expires: Option<Timestamp>,
     user: Option<Metadata>,
 ) -> ObjectMeta {
+    let expires = expires.and_then(|t| {
+        let mut b = Vec::new();
+        t.format(TimestampFormat::HttpDate, &mut b).ok()?;
+        String::from_utf8(b).ok()
+    });
     ObjectMeta {
         content_type,
         content_encoding,
         content_disposition,
         content_language,
         cache_control,
+        expires,
         user: user.unwrap_or_default().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect(),
     }
+}
+
+/// The stored `Expires` date; one that no longer parses is left out rather than failing
+/// the read.
+fn expires_of(m: &ObjectMeta) -> Option<Timestamp> {
+    m.expires.as_deref().and_then(|s| Timestamp::parse(TimestampFormat::HttpDate, s).ok())
 }
 
 fn user_metadata(m: &ObjectMeta) -> Option<Metadata> {
@@ -871,6 +884,11 @@ impl S3 for AquiferS3 {
                     Ok(a) if a.kind == FileKind::Dir && a.uid == caller.uid => Err(S3Error::new(S3ErrorCode::BucketAlreadyOwnedByYou)),
                     _ => Err(S3Error::new(S3ErrorCode::BucketAlreadyExists)),
                 },
+                // A user who may not create buckets at all still learns that the name is
+                // taken, as S3 answers: the name space of buckets is shared.
+                Err(Error::PermissionDenied) if engine.lookup(&caller, ROOT_INO, bucket.as_bytes()).is_ok() => {
+                    Err(S3Error::new(S3ErrorCode::BucketAlreadyExists))
+                }
                 Err(e) => Err(map_err(e, Missing::Bucket)),
             }
         })
@@ -1013,7 +1031,7 @@ impl S3 for AquiferS3 {
         }
         let key = object_key(&input.key)?.to_string();
         let tags = input.tagging.as_deref().map(parse_tagging_header).transpose()?.unwrap_or_default();
-        let meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.metadata);
+        let meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.expires, input.metadata);
         let expected = Checksum {
             checksum_crc32: input.checksum_crc32,
             checksum_crc32c: input.checksum_crc32c,
@@ -1104,6 +1122,7 @@ impl S3 for AquiferS3 {
             content_disposition: input.response_content_disposition.or(meta.content_disposition.clone()),
             content_language: input.response_content_language.or(meta.content_language.clone()),
             cache_control: input.response_cache_control.or(meta.cache_control.clone()),
+            expires: input.response_expires.or_else(|| expires_of(&meta)),
             metadata: user_metadata(&meta),
             tag_count: (view.tags > 0).then_some(view.tags as i32),
             parts_count: parts_count(&view.etag),
@@ -1147,6 +1166,7 @@ impl S3 for AquiferS3 {
             content_disposition: meta.content_disposition.clone(),
             content_language: meta.content_language.clone(),
             cache_control: meta.cache_control.clone(),
+            expires: expires_of(&meta),
             metadata: user_metadata(&meta),
             parts_count: parts_count(&view.etag),
             storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
@@ -1215,7 +1235,7 @@ impl S3 for AquiferS3 {
             ));
         }
         let new_tags = input.tagging.as_deref().map(parse_tagging_header).transpose()?.unwrap_or_default();
-        let new_meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.metadata);
+        let new_meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.expires, input.metadata);
         let (cim, cinm, cims, cius) =
             (input.copy_source_if_match, input.copy_source_if_none_match, input.copy_source_if_modified_since, input.copy_source_if_unmodified_since);
         let dst_bucket = input.bucket;
@@ -1248,7 +1268,9 @@ impl S3 for AquiferS3 {
     async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
-        let input = req.input;
+        let mut input = req.input;
+        // An empty delimiter is no delimiter (and is not echoed).
+        input.delimiter = input.delimiter.filter(|d| !d.is_empty());
         let max = max_keys(input.max_keys)?;
         let url = input.encoding_type.as_ref().is_some_and(|e| e.as_str() == EncodingType::URL);
         let enc = move |s: String| if url { url_encode(&s) } else { s };
@@ -1271,8 +1293,10 @@ impl S3 for AquiferS3 {
         let truncated = l.next.is_some();
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(input.bucket),
-            prefix: Some(input.prefix.map(enc).unwrap_or_default()),
-            marker: Some(input.marker.unwrap_or_default()),
+            // ListObjects (v1) encodes the marker but not the prefix under
+            // encoding-type=url, which is what SDKs decode.
+            prefix: Some(input.prefix.unwrap_or_default()),
+            marker: Some(input.marker.map(enc).unwrap_or_default()),
             next_marker: l.next.map(enc),
             delimiter: input.delimiter.map(enc),
             max_keys: Some(max as i32),
@@ -1287,7 +1311,9 @@ impl S3 for AquiferS3 {
     async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
-        let input = req.input;
+        let mut input = req.input;
+        // An empty delimiter is no delimiter (and is not echoed).
+        input.delimiter = input.delimiter.filter(|d| !d.is_empty());
         let max = max_keys(input.max_keys)?;
         let url = input.encoding_type.as_ref().is_some_and(|e| e.as_str() == EncodingType::URL);
         let enc = move |s: String| if url { url_encode(&s) } else { s };
@@ -1344,7 +1370,9 @@ impl S3 for AquiferS3 {
     async fn list_object_versions(&self, req: S3Request<ListObjectVersionsInput>) -> S3Result<S3Response<ListObjectVersionsOutput>> {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
-        let input = req.input;
+        let mut input = req.input;
+        // An empty delimiter is no delimiter (and is not echoed).
+        input.delimiter = input.delimiter.filter(|d| !d.is_empty());
         let max = max_keys(input.max_keys)?;
         let url = input.encoding_type.as_ref().is_some_and(|e| e.as_str() == EncodingType::URL);
         let enc = move |s: String| if url { url_encode(&s) } else { s };
@@ -1371,7 +1399,7 @@ impl S3 for AquiferS3 {
             name: Some(input.bucket),
             prefix: Some(input.prefix.map(enc).unwrap_or_default()),
             delimiter: input.delimiter.map(enc),
-            key_marker: Some(input.key_marker.unwrap_or_default()),
+            key_marker: Some(input.key_marker.map(enc).unwrap_or_default()),
             version_id_marker: input.version_id_marker,
             next_key_marker: l.next.clone().map(enc),
             next_version_id_marker: truncated.then(|| "null".to_string()),
@@ -1465,7 +1493,7 @@ impl S3 for AquiferS3 {
         let input = req.input;
         let key = object_key(&input.key)?.to_string();
         let tags = input.tagging.as_deref().map(parse_tagging_header).transpose()?.unwrap_or_default();
-        let meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.metadata);
+        let meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.expires, input.metadata);
         let mut stored = serde_json::Map::new();
         stored.insert("meta".into(), serde_json::Value::String(String::from_utf8(meta.encode()).expect("JSON is UTF-8")));
         stored.insert("tags".into(), serde_json::Value::String(String::from_utf8(encode_tags(&tags)).expect("JSON is UTF-8")));

@@ -1,0 +1,452 @@
+//! S3 throughput of the Aquifer daemon against the loopback limit (`iperf3`) and the s3s
+//! reference server (`s3s-fs` 0.14.1), all measured in one run with one client.
+//!
+//! ```text
+//! cd /work/main && CARGO_TARGET_DIR=/var/cache/aquifer-target cargo build --workspace --all-targets
+//! CARGO_TARGET_DIR=/var/cache/aquifer-target cargo bench -p aquifer-s3 --bench s3 --profile dev
+//! ```
+//!
+//! Both servers run as their own processes, with their data in temporary directories on the
+//! same filesystem (`S3_BENCH_DIR`, default the system temp directory). The client is this
+//! program: reqwest with a small SigV4 signer (header form, `UNSIGNED-PAYLOAD`, so the client
+//! hashes nothing), the same requests for both servers. Measurements:
+//!
+//! - PUT then GET of 64 MiB objects, 1 stream and 8 concurrent streams (MiB/s of object data);
+//! - PUT then GET of 4 KiB objects, 1 and 8 streams (operations/s);
+//! - ListObjectsV2 of a bucket of 100,000 keys (`S3_BENCH_LIST_KEYS`), 1000 keys a page:
+//!   seconds to list them all (a listing is stopped after `LIST_SECS_MAX` and shown as "> s").
+//!
+//! Binaries: the daemon next to this bench in the target directory (or `AQUIFER_BIN`);
+//! `s3s-fs` from `S3S_FS_BIN`, default `/var/cache/aquifer-tools/bin/s3s-fs`, installed with
+//! `CARGO_TARGET_DIR=/var/cache/aquifer-tools-target cargo install s3s-fs --version 0.14.1
+//! --features binary --root /var/cache/aquifer-tools`.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail, ensure};
+use bytes::Bytes;
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::{Digest, Sha256};
+
+const REGION: &str = "us-east-1";
+const ACCESS: &str = "BENCHACCESSKEY000001";
+const SECRET: &str = "bench-secret-key-0000000000000000000001";
+const MIB: usize = 1 << 20;
+/// Size of a large object.
+const LARGE_BYTES: usize = 64 * MIB;
+/// Large objects each stream moves, per phase: 1 stream moves 8, 8 streams move 16 in all.
+const LARGE_OBJECTS_ONE_STREAM: usize = 8;
+const LARGE_OBJECTS_PER_STREAM_OF_8: usize = 2;
+const SMALL_BYTES: usize = 4096;
+/// Small objects per phase (split across the streams).
+const SMALL_OBJECTS: usize = 2000;
+const LIST_KEYS_DEFAULT: usize = 100_000;
+const LIST_PAGE_KEYS: usize = 1000;
+/// A listing still running after this long is stopped and reported as "more than" (a
+/// server that rescans the whole bucket for every page takes quadratic time).
+const LIST_SECS_MAX: u64 = 120;
+/// Streams used to fill the listing bucket.
+const FILL_STREAMS: usize = 8;
+/// How long a server may take to start listening.
+const START_TIMEOUT_MS: u64 = 60_000;
+/// Seconds each iperf3 measurement runs.
+const IPERF_SECS: u32 = 3;
+
+// ------------------------------------------------------------------ SigV4 client
+
+#[derive(Clone)]
+struct Client {
+    http: reqwest::Client,
+    addr: SocketAddr,
+}
+
+fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("any key length");
+    m.update(data);
+    m.finalize().into_bytes().to_vec()
+}
+
+/// SigV4 URI encoding; '/' stays in paths.
+fn uri_encode(s: &str, encode_slash: bool) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) || (b == b'/' && !encode_slash) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// (`YYYYMMDDTHHMMSSZ`, `YYYYMMDD`) for now, UTC.
+fn amz_now() -> (String, String) {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let day = format!("{y:04}{m:02}{d:02}");
+    (format!("{day}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60), day)
+}
+
+impl Client {
+    fn new(addr: SocketAddr) -> Client {
+        Client { http: reqwest::Client::builder().pool_max_idle_per_host(64).build().expect("http client"), addr }
+    }
+
+    fn request(&self, method: &str, path: &str, query: &[(&str, &str)], body: Bytes) -> reqwest::RequestBuilder {
+        let host = self.addr.to_string();
+        let (amz_date, day) = amz_now();
+        let payload = "UNSIGNED-PAYLOAD";
+        let mut q: Vec<(String, String)> = query.iter().map(|(k, v)| (uri_encode(k, true), uri_encode(v, true))).collect();
+        q.sort();
+        let canonical_query = q.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&");
+        let canonical_path = uri_encode(path, false);
+        let canonical = format!(
+            "{method}\n{canonical_path}\n{canonical_query}\nhost:{host}\nx-amz-content-sha256:{payload}\nx-amz-date:{amz_date}\n\nhost;x-amz-content-sha256;x-amz-date\n{payload}"
+        );
+        let scope = format!("{day}/{REGION}/s3/aws4_request");
+        let to_sign = format!("AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}", hex::encode(Sha256::digest(canonical.as_bytes())));
+        let mut key = hmac(format!("AWS4{SECRET}").as_bytes(), day.as_bytes());
+        for part in [REGION, "s3", "aws4_request"] {
+            key = hmac(&key, part.as_bytes());
+        }
+        let sig = hex::encode(hmac(&key, to_sign.as_bytes()));
+        let auth = format!("AWS4-HMAC-SHA256 Credential={ACCESS}/{scope}, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={sig}");
+        let url = if canonical_query.is_empty() {
+            format!("http://{host}{canonical_path}")
+        } else {
+            format!("http://{host}{canonical_path}?{canonical_query}")
+        };
+        let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        self.http.request(m, url).header("x-amz-date", amz_date).header("x-amz-content-sha256", payload).header("authorization", auth).body(body)
+    }
+
+    /// Sends a request that must succeed; returns the body.
+    async fn call(&self, method: &str, path: &str, query: &[(&str, &str)], body: Bytes) -> Result<String> {
+        let res = self.request(method, path, query, body).send().await.with_context(|| format!("send {method} {path}"))?;
+        let status = res.status();
+        let text = res.text().await.with_context(|| format!("read answer to {method} {path}"))?;
+        ensure!(status.is_success(), "{method} {path}: {status}: {text}");
+        Ok(text)
+    }
+
+    async fn put(&self, path: &str, body: Bytes) -> Result<()> {
+        self.call("PUT", path, &[], body).await.map(|_| ())
+    }
+
+    /// GETs an object, streaming; returns its length.
+    async fn get(&self, path: &str) -> Result<usize> {
+        let mut res = self.request("GET", path, &[], Bytes::new()).send().await.with_context(|| format!("send GET {path}"))?;
+        ensure!(res.status().is_success(), "GET {path}: {}", res.status());
+        let mut n = 0;
+        while let Some(c) = res.chunk().await.with_context(|| format!("read GET {path}"))? {
+            n += c.len();
+        }
+        Ok(n)
+    }
+}
+
+// ------------------------------------------------------------------ servers
+
+struct Server {
+    name: &'static str,
+    child: Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn bench_dir() -> PathBuf {
+    std::env::var_os("S3_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn wait_listening(addr: SocketAddr, child: &mut Child) -> Result<()> {
+    let start = Instant::now();
+    while TcpStream::connect(addr).is_err() {
+        if let Some(st) = child.try_wait()? {
+            bail!("server exited before listening: {st}");
+        }
+        ensure!(start.elapsed() < Duration::from_millis(START_TIMEOUT_MS), "server did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+fn aquifer_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("AQUIFER_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    // This bench runs from <target>/<profile>/deps/; the daemon is <target>/<profile>/aquifer.
+    let exe = std::env::current_exe()?;
+    let p = exe.parent().and_then(|d| d.parent()).map(|d| d.join("aquifer")).context("locate the target directory")?;
+    ensure!(p.exists(), "{} is missing: run `cargo build --workspace --all-targets` first, or set AQUIFER_BIN", p.display());
+    Ok(p)
+}
+
+fn start_aquifer() -> Result<Server> {
+    let dir = tempfile::tempdir_in(bench_dir()).context("create the Aquifer data directory")?;
+    let mut child = Command::new(aquifer_bin()?)
+        .args(["serve", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(["--rest", "127.0.0.1:0", "--s3", "127.0.0.1:0", "--nfs", "127.0.0.1:0", "--sftp", "127.0.0.1:0", "--drive-size", "2GiB"])
+        .env("AQUIFER_ADMIN_PASSWORD", "bench-admin-password")
+        .env("AQUIFER_S3_ACCESS_KEY", ACCESS)
+        .env("AQUIFER_S3_SECRET_KEY", SECRET)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start the Aquifer daemon")?;
+    let out = child.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(out).lines();
+    let addr = loop {
+        let Some(line) = lines.next() else {
+            let st = child.wait()?;
+            bail!("the Aquifer daemon exited before announcing S3: {st}");
+        };
+        let line = line?;
+        if let Some(rest) = line.strip_prefix("S3 at s3://") {
+            break rest.split(',').next().unwrap_or_default().parse::<SocketAddr>().context("parse the S3 address")?;
+        }
+    };
+    // Keep draining stdout so the daemon never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    wait_listening(addr, &mut child)?;
+    Ok(Server { name: "Aquifer", child, addr, _dir: dir })
+}
+
+fn start_s3s_fs() -> Result<Server> {
+    let bin = std::env::var_os("S3S_FS_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/cache/aquifer-tools/bin/s3s-fs"));
+    ensure!(
+        bin.exists(),
+        "{} is missing: CARGO_TARGET_DIR=/var/cache/aquifer-tools-target cargo install s3s-fs --version 0.14.1 --features binary --root /var/cache/aquifer-tools",
+        bin.display()
+    );
+    let dir = tempfile::tempdir_in(bench_dir()).context("create the s3s-fs directory")?;
+    let port = free_port()?;
+    let mut child = Command::new(bin)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", ACCESS, "--secret-key", SECRET])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start s3s-fs")?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    wait_listening(addr, &mut child)?;
+    Ok(Server { name: "s3s-fs", child, addr, _dir: dir })
+}
+
+// ------------------------------------------------------------------ measurements
+
+/// Runs `streams` tasks, task `s` handling items `s, s + streams, ...` of `0..n`; returns
+/// the wall time.
+async fn parallel<F, Fut>(streams: usize, n: usize, f: F) -> Result<Duration>
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<()>> + Send,
+{
+    let f = Arc::new(f);
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for s in 0..streams {
+        let f = f.clone();
+        tasks.spawn(async move {
+            let mut i = s;
+            while i < n {
+                f(i).await?;
+                i += streams;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    Ok(start.elapsed())
+}
+
+#[derive(Default, Clone)]
+struct Results {
+    /// (label, value, whether the value is only a lower bound) in the order measured.
+    rows: Vec<(String, f64, bool)>,
+}
+
+async fn measure(server: &Server) -> Result<Results> {
+    let c = Client::new(server.addr);
+    let mut r = Results::default();
+    c.put("/bench", Bytes::new()).await?;
+    let large = Bytes::from((0..LARGE_BYTES).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>());
+    for (streams, n) in [(1, LARGE_OBJECTS_ONE_STREAM), (8, 8 * LARGE_OBJECTS_PER_STREAM_OF_8)] {
+        let (cc, body) = (c.clone(), large.clone());
+        let t = parallel(streams, n, move |i| {
+            let (cc, body) = (cc.clone(), body.clone());
+            async move { cc.put(&format!("/bench/large/{streams}/{i}"), body).await }
+        })
+        .await?;
+        r.rows.push((format!("PUT 64 MiB, {streams} stream{} (MiB/s)", if streams > 1 { "s" } else { "" }), (n * LARGE_BYTES / MIB) as f64 / t.as_secs_f64(), false));
+        let cc = c.clone();
+        let t = parallel(streams, n, move |i| {
+            let cc = cc.clone();
+            async move {
+                let got = cc.get(&format!("/bench/large/{streams}/{i}")).await?;
+                ensure!(got == LARGE_BYTES, "GET returned {got} bytes, not {LARGE_BYTES}");
+                Ok(())
+            }
+        })
+        .await?;
+        r.rows.push((format!("GET 64 MiB, {streams} stream{} (MiB/s)", if streams > 1 { "s" } else { "" }), (n * LARGE_BYTES / MIB) as f64 / t.as_secs_f64(), false));
+        for i in 0..n {
+            c.call("DELETE", &format!("/bench/large/{streams}/{i}"), &[], Bytes::new()).await?;
+        }
+    }
+    let small = Bytes::from(vec![7u8; SMALL_BYTES]);
+    for streams in [1, 8] {
+        let (cc, body) = (c.clone(), small.clone());
+        let t = parallel(streams, SMALL_OBJECTS, move |i| {
+            let (cc, body) = (cc.clone(), body.clone());
+            async move { cc.put(&format!("/bench/small{streams}-{i:06}"), body).await }
+        })
+        .await?;
+        r.rows.push((format!("PUT 4 KiB, {streams} stream{} (ops/s)", if streams > 1 { "s" } else { "" }), SMALL_OBJECTS as f64 / t.as_secs_f64(), false));
+        let cc = c.clone();
+        let t = parallel(streams, SMALL_OBJECTS, move |i| {
+            let cc = cc.clone();
+            async move {
+                let got = cc.get(&format!("/bench/small{streams}-{i:06}")).await?;
+                ensure!(got == SMALL_BYTES, "GET returned {got} bytes, not {SMALL_BYTES}");
+                Ok(())
+            }
+        })
+        .await?;
+        r.rows.push((format!("GET 4 KiB, {streams} stream{} (ops/s)", if streams > 1 { "s" } else { "" }), SMALL_OBJECTS as f64 / t.as_secs_f64(), false));
+    }
+    let keys = std::env::var("S3_BENCH_LIST_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(LIST_KEYS_DEFAULT);
+    c.put("/listing", Bytes::new()).await?;
+    let cc = c.clone();
+    let fill = parallel(FILL_STREAMS, keys, move |i| {
+        let cc = cc.clone();
+        async move { cc.put(&format!("/listing/obj-{i:07}"), Bytes::from_static(b"0123456789abcdef")).await }
+    })
+    .await?;
+    eprintln!("{}: filled the listing bucket with {keys} keys in {:.1} s", server.name, fill.as_secs_f64());
+    let start = Instant::now();
+    let mut listed = 0;
+    let mut token: Option<String> = None;
+    let page = LIST_PAGE_KEYS.to_string();
+    loop {
+        let mut q = vec![("list-type", "2"), ("max-keys", page.as_str())];
+        if let Some(t) = &token {
+            q.push(("continuation-token", t.as_str()));
+        }
+        let body = c.call("GET", "/listing", &q, Bytes::new()).await?;
+        listed += body.matches("<Key>").count();
+        token = xml_field(&body, "NextContinuationToken");
+        if !body.contains("<IsTruncated>true</IsTruncated>") {
+            break;
+        }
+        ensure!(token.is_some(), "a truncated listing without a continuation token");
+        if start.elapsed() > Duration::from_secs(LIST_SECS_MAX) {
+            break;
+        }
+    }
+    let t = start.elapsed();
+    let stopped = listed < keys && t > Duration::from_secs(LIST_SECS_MAX);
+    if stopped {
+        eprintln!("{}: listing stopped after {:.0} s with {listed} of {keys} keys", server.name, t.as_secs_f64());
+    } else {
+        ensure!(listed == keys, "{}: listed {listed} keys, not {keys}", server.name);
+    }
+    r.rows.push((format!("ListObjectsV2 of {keys} keys, {LIST_PAGE_KEYS} a page (s)"), t.as_secs_f64(), stopped));
+    Ok(r)
+}
+
+fn xml_field(body: &str, name: &str) -> Option<String> {
+    let v = body.split(&format!("<{name}>")).nth(1)?.split(&format!("</{name}>")).next()?;
+    Some(v.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&apos;", "'").replace("&amp;", "&"))
+}
+
+/// Loopback TCP throughput in MiB/s with `streams` parallel iperf3 streams.
+fn iperf3(streams: usize) -> Result<f64> {
+    let port = free_port()?.to_string();
+    let mut server = Command::new("iperf3").args(["-s", "-p", &port]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().context("start iperf3 (apt install iperf3)")?;
+    // A probe connection would count as iperf3's client, so the client itself retries until
+    // the server listens.
+    let start = Instant::now();
+    let out = loop {
+        let out = Command::new("iperf3")
+            .args(["-c", "127.0.0.1", "-p", &port, "-J", "-t", &IPERF_SECS.to_string(), "-P", &streams.to_string()])
+            .output()
+            .context("run iperf3 -c")?;
+        // iperf3 3.12 exits 0 with an "error" member when it could not connect.
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let ok = out.status.success() && v.get("error").is_none();
+        if ok || start.elapsed() > Duration::from_millis(START_TIMEOUT_MS) {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = server.kill();
+    let _ = server.wait();
+    ensure!(out.status.success(), "iperf3 -c failed: {}", String::from_utf8_lossy(&out.stdout));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("parse iperf3 JSON")?;
+    let bps = v["end"]["sum_received"]["bits_per_second"].as_f64().context("iperf3 JSON without end.sum_received")?;
+    Ok(bps / 8.0 / MIB as f64)
+}
+
+fn main() -> Result<()> {
+    // `cargo bench` passes `--bench`; there are no other options.
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let tcp1 = iperf3(1)?;
+    let tcp8 = iperf3(8)?;
+    eprintln!("loopback TCP (iperf3): {tcp1:.0} MiB/s with 1 stream, {tcp8:.0} MiB/s with 8");
+    let aquifer = start_aquifer()?;
+    let a = rt.block_on(measure(&aquifer))?;
+    drop(aquifer);
+    let s3s = start_s3s_fs()?;
+    let s = rt.block_on(measure(&s3s))?;
+    drop(s3s);
+    println!("| measurement | Aquifer | s3s-fs 0.14.1 | Aquifer / s3s-fs | loopback TCP (iperf3) | Aquifer / TCP |");
+    println!("|---|--:|--:|--:|--:|--:|");
+    for ((label, av, a_more), (_, sv, s_more)) in a.rows.iter().zip(&s.rows) {
+        let tcp = if label.contains("64 MiB") { Some(if label.contains("1 stream ") { tcp1 } else { tcp8 }) } else { None };
+        let (tcp_col, tcp_ratio) = match tcp {
+            Some(t) => (format!("{t:.0}"), format!("{:.2}×", av / t)),
+            None => (String::new(), String::new()),
+        };
+        let fmt = |v: f64, more: bool| {
+            let n = if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.2}") };
+            if more { format!("> {n}") } else { n }
+        };
+        let ratio = match (a_more, s_more) {
+            (false, false) => format!("{:.2}×", av / sv),
+            (false, true) => format!("< {:.3}×", av / sv),
+            _ => "n/a".to_string(),
+        };
+        println!("| {label} | {} | {} | {ratio} | {tcp_col} | {tcp_ratio} |", fmt(*av, *a_more), fmt(*sv, *s_more));
+    }
+    Ok(())
+}
