@@ -13,6 +13,7 @@ mod handle;
 mod mount;
 mod proc;
 mod rpc;
+pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -8,7 +8,8 @@ use tracing::info;
 
 use crate::handle::Handle;
 use crate::proc::{State, blocking};
-use crate::rpc::{CallInfo, Reply, decode, packed};
+use crate::rpc::{CallInfo, Reply, packed};
+use crate::wire::decode;
 
 const MOUNTPROC3_NULL: u32 = 0;
 const MOUNTPROC3_MNT: u32 = 1;

@@ -11,7 +11,8 @@ use nfs3_types::xdr_codec::{List, Opaque, Void};
 use storage_engine::{Attr, Caller, DirEntry, Engine, Error, FileKind, Ino, NameProblem, SetAttr, Stability, TimeSet};
 
 use crate::handle::{Handle, cookie_of, export_id};
-use crate::rpc::{CallInfo, Reply, decode, packed};
+use crate::rpc::{CallInfo, Reply, packed};
+use crate::wire::decode;
 use crate::{ClientMatch, IO_BYTES_MAX};
 
 /// uid and gid that root is squashed to, and that AUTH_NULL calls would act as.

@@ -1,6 +1,5 @@
 //! ONC RPC over TCP (RFC 5531): record marking, call decoding, reply encoding.
 
-use std::io::Cursor;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -8,17 +7,17 @@ use nfs3_types::rpc::{
     RPC_VERSION_2, accept_stat_data, accepted_reply, auth_flavor, auth_stat, auth_unix, msg_body, opaque_auth,
     rejected_reply, reply_body, rpc_msg,
 };
-use nfs3_types::xdr_codec::{Pack, Unpack, Void};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use nfs3_types::xdr_codec::{Pack, Void};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use crate::proc::State;
+use crate::wire::{CallHeader, decode, parse_call, read_record};
+pub use crate::wire::RECORD_BYTES_MAX;
 
-/// Largest RPC record (all fragments of one call) accepted: a 1 MiB WRITE plus headers.
-pub const RECORD_BYTES_MAX: usize = (1 << 20) + 64 * 1024;
 /// Calls of one connection processed at the same time; further calls wait to be read.
 pub const INFLIGHT_REQUESTS_MAX: usize = 32;
 /// Replies queued for one connection's writer.
@@ -51,16 +50,6 @@ pub(crate) fn packed<T: Pack>(v: &T) -> Reply {
         // Packing into a Vec only fails on values that break XDR limits: a bug here.
         Err(e) => panic!("pack NFS reply: {e}"),
     }
-}
-
-/// Decodes the whole of `args` as `T`; trailing bytes are garbage.
-pub(crate) fn decode<T: Unpack>(args: &[u8]) -> Option<T> {
-    let mut cur = Cursor::new(args);
-    let (v, _) = T::unpack(&mut cur).ok()?;
-    if cur.position() as usize != args.len() {
-        return None;
-    }
-    Some(v)
 }
 
 pub(crate) async fn accept_loop(
@@ -106,32 +95,6 @@ pub(crate) async fn accept_loop(
     Ok(())
 }
 
-/// Reads one record: fragments until the last one, at most `RECORD_BYTES_MAX` in all.
-/// `Ok(None)` at a clean end of stream between records.
-async fn read_record(rd: &mut (impl AsyncReadExt + Unpin)) -> anyhow::Result<Option<Vec<u8>>> {
-    let mut record = Vec::new();
-    loop {
-        let mut mark = [0u8; 4];
-        match rd.read_exact(&mut mark).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && record.is_empty() => return Ok(None),
-            Err(e) => return Err(e.into()),
-        }
-        let mark = u32::from_be_bytes(mark);
-        let last = mark & 0x8000_0000 != 0;
-        let len = (mark & 0x7fff_ffff) as usize;
-        if record.len() + len > RECORD_BYTES_MAX {
-            anyhow::bail!("record of more than {RECORD_BYTES_MAX} bytes refused");
-        }
-        let start = record.len();
-        record.resize(start + len, 0);
-        rd.read_exact(&mut record[start..]).await?;
-        if last {
-            return Ok(Some(record));
-        }
-    }
-}
-
 async fn connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr) -> anyhow::Result<()> {
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(REPLY_QUEUE_MAX);
@@ -166,40 +129,6 @@ async fn connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr) -> a
     };
     let (r, w) = tokio::join!(reader, writer);
     r.and(w)
-}
-
-/// The parts of a call header the dispatcher needs, with the offset of the arguments.
-pub(crate) struct CallHeader {
-    prog: u32,
-    vers: u32,
-    proc_: u32,
-    rpcvers: u32,
-    cred_flavor: auth_flavor,
-    cred_body: Vec<u8>,
-    args_at: usize,
-}
-
-/// Decodes a call header. A record that is not an RPC call ends the connection.
-fn parse_call(record: &[u8]) -> anyhow::Result<Option<(u32, CallHeader)>> {
-    let mut cur = Cursor::new(record);
-    let (msg, _) = rpc_msg::unpack(&mut cur).map_err(|e| anyhow::anyhow!("undecodable RPC record: {e}"))?;
-    let call = match msg.body {
-        msg_body::CALL(c) => c,
-        // A reply sent to a server means nothing; drop it.
-        msg_body::REPLY(_) => return Ok(None),
-    };
-    Ok(Some((
-        msg.xid,
-        CallHeader {
-            prog: call.prog,
-            vers: call.vers,
-            proc_: call.proc,
-            rpcvers: call.rpcvers,
-            cred_flavor: call.cred.flavor,
-            cred_body: call.cred.body.0.to_vec(),
-            args_at: cur.position() as usize,
-        },
-    )))
 }
 
 async fn handle_call(state: &Arc<State>, peer: IpAddr, xid: u32, call: CallHeader, record: &[u8]) -> Vec<u8> {

@@ -1,0 +1,306 @@
+#!/usr/bin/env bash
+# Measures Aquifer's NFSv3 and SFTP throughput against peer servers on this machine, in one run,
+# and prints a markdown table:
+#   NFSv3: Aquifer vs nfs-ganesha (VFS FSAL) exporting a directory on the same disk, both driven
+#          by the libnfs userspace client (nfs-cp for 1 GiB sequential write/read; a small libnfs
+#          C loop, compiled here, for 4 KiB file creates over one mount; an nfs-cp-per-file loop).
+#   SFTP:  Aquifer vs OpenSSH sshd (internal-sftp), both driven by OpenSSH `sftp -b` with the same
+#          cipher (password via sshpass for Aquifer, a generated key for sshd).
+#
+#   scripts/bench-nfs-sftp.sh
+#
+# Environment: AQUIFER_BIN (default /var/cache/aquifer-target/debug/aquifer), BENCH_SIZE_MIB
+# (1024), BENCH_FILES (2000, libnfs create loop), BENCH_CP_FILES (300, nfs-cp-per-file loop),
+# BENCH_REPS (3; medians are reported), BENCH_CIPHER (aes256-gcm@openssh.com).
+# Needs (apt): libnfs-utils libnfs-dev gcc nfs-ganesha nfs-ganesha-vfs rpcbind openssh-server
+# openssh-client sshpass. Runs as root (drops the page cache before every timed operation when
+# /proc/sys/vm/drop_caches is writable). All data lives under a temporary directory in /var/tmp,
+# removed at the end; every server started here is stopped by its pid.
+set -euo pipefail
+
+bin=${AQUIFER_BIN:-/var/cache/aquifer-target/debug/aquifer}
+size_mib=${BENCH_SIZE_MIB:-1024}
+nfiles=${BENCH_FILES:-2000}
+cpfiles=${BENCH_CP_FILES:-300}
+reps=${BENCH_REPS:-3}
+cipher=${BENCH_CIPHER:-aes256-gcm@openssh.com}
+admin_pw=bench-admin-pw
+
+for t in nfs-cp gcc ganesha.nfsd rpcbind sftp sshpass ssh-keygen python3; do
+    command -v "$t" >/dev/null || { echo "missing $t" >&2; exit 2; }
+done
+[[ -x /usr/sbin/sshd ]] || { echo "missing /usr/sbin/sshd (apt openssh-server)" >&2; exit 2; }
+[[ -f /usr/include/nfsc/libnfs.h ]] || { echo "missing libnfs-dev" >&2; exit 2; }
+[[ -x "$bin" ]] || { echo "missing $bin" >&2; exit 2; }
+
+work=$(mktemp -d /var/tmp/aquifer-bench.XXXXXX)
+pids=()
+rpcbind_pid=""
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do
+        kill "$p" 2>/dev/null || true
+    done
+    for p in "${pids[@]}"; do
+        for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    if [[ -n "$rpcbind_pid" ]]; then kill "$rpcbind_pid" 2>/dev/null || true; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+log() { echo "[$(date +%T) load $(cut -d' ' -f1 /proc/loadavg)] $*" >&2; }
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+t_start=$EPOCHREALTIME
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_port() { # PORT PID LOG
+    for _ in $(seq 300); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        kill -0 "$2" 2>/dev/null || { cat "$3" >&2; return 1; }
+        sleep 0.1
+    done
+    echo "port $1 never opened" >&2; return 1
+}
+can_drop=0
+[[ -w /proc/sys/vm/drop_caches ]] && can_drop=1
+drop_caches() { sync; if ((can_drop)); then echo 3 >/proc/sys/vm/drop_caches; fi; }
+# Before a write: clean cold cache, then the source file back in the page cache, so the
+# client reads it from memory for both servers.
+before_write() { drop_caches; cat "$work/src.bin" >/dev/null; }
+before_read() { drop_caches; }
+# timeit CMD... -> prints elapsed seconds; the command's output goes to $work/cmd.log
+timeit() {
+    local t0=$EPOCHREALTIME
+    "$@" >>"$work/cmd.log" 2>&1 || { echo "FAILED: $*" >&2; tail -20 "$work/cmd.log" >&2; return 1; }
+    python3 -c "print(f'{$EPOCHREALTIME - $t0:.3f}')"
+}
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+mibps() { python3 -c "print(f'{$size_mib / $1:.1f}')"; }
+rate() { python3 -c "print(f'{$1 / $2:.0f}')"; }
+ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
+
+# --- client helpers ---------------------------------------------------------------------
+log "work dir $work; page-cache drop: $can_drop"
+cat >"$work/nfsbench.c" <<'C'
+/* nfsbench URL create DIR N   : mkdir DIR, then N x (create DIR/fI, write 4 KiB, close) over
+ *                                one mount; prints the seconds the loop took (mkdir excluded)
+ * nfsbench URL mkdir DIR | rm PATH */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <nfsc/libnfs.h>
+int main(int argc, char **argv) {
+    if (argc < 4) { fprintf(stderr, "usage\n"); return 2; }
+    struct nfs_context *nfs = nfs_init_context();
+    struct nfs_url *url = nfs_parse_url_dir(nfs, argv[1]);
+    if (!url) { fprintf(stderr, "url: %s\n", nfs_get_error(nfs)); return 1; }
+    if (nfs_mount(nfs, url->server, url->path)) { fprintf(stderr, "mount: %s\n", nfs_get_error(nfs)); return 1; }
+    int rc = 0;
+    if (!strcmp(argv[2], "rm")) {
+        rc = nfs_unlink(nfs, argv[3]);
+        if (rc) fprintf(stderr, "unlink %s: %s\n", argv[3], nfs_get_error(nfs));
+    } else if (!strcmp(argv[2], "mkdir")) {
+        rc = nfs_mkdir(nfs, argv[3]);
+        if (rc) fprintf(stderr, "mkdir %s: %s\n", argv[3], nfs_get_error(nfs));
+    } else if (!strcmp(argv[2], "create") && argc == 5) {
+        int n = atoi(argv[4]);
+        char buf[4096], path[4096];
+        for (int i = 0; i < 4096; i++) buf[i] = (char)(i * 7 + 3);
+        if (nfs_mkdir(nfs, argv[3])) { fprintf(stderr, "mkdir: %s\n", nfs_get_error(nfs)); return 1; }
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (int i = 0; i < n; i++) {
+            struct nfsfh *fh;
+            snprintf(path, sizeof path, "%s/f%05d", argv[3], i);
+            if (nfs_create(nfs, path, O_WRONLY | O_CREAT | O_EXCL, 0644, &fh)) {
+                fprintf(stderr, "create %s: %s\n", path, nfs_get_error(nfs)); return 1;
+            }
+            if (nfs_write(nfs, fh, sizeof buf, buf) != (int)sizeof buf) {
+                fprintf(stderr, "write %s: %s\n", path, nfs_get_error(nfs)); return 1;
+            }
+            if (nfs_close(nfs, fh)) { fprintf(stderr, "close: %s\n", nfs_get_error(nfs)); return 1; }
+        }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        printf("%.3f\n", (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9);
+    } else { fprintf(stderr, "bad mode\n"); return 2; }
+    nfs_destroy_url(url);
+    nfs_destroy_context(nfs);
+    return rc ? 1 : 0;
+}
+C
+gcc -O2 -o "$work/nfsbench" "$work/nfsbench.c" -lnfs
+
+log "generating ${size_mib} MiB of random data"
+head -c "$((size_mib * 1048576))" /dev/urandom >"$work/src.bin"
+head -c 4096 /dev/urandom >"$work/f4k.bin"
+
+declare -A R   # R[server.metric]=median value
+declare -A RAW # all runs, for the log
+
+# The nfs-cp loop writes into the export root: libnfs mounts the parent directory of a URL's file.
+# --- NFS --------------------------------------------------------------------------------
+# nfs_bench NAME DIRURL FILEURL_PREFIX  (DIRURL: the export root; FILEURL_PREFIX + name + query)
+nfs_bench() {
+    local name=$1 q=$2 root=$3 prefix=$4
+    local big="${prefix}big.bin?$q" w=() r=() c=() t i
+    for i in $(seq "$reps"); do
+        "$work/nfsbench" "$root?$q" rm /big.bin >/dev/null 2>&1 || true
+        before_write
+        w+=("$(timeit nfs-cp "$work/src.bin" "$big")")
+        rm -f "$work/back.bin"
+        before_read
+        r+=("$(timeit nfs-cp "$big" "$work/back.bin")")
+        if ((i == 1)); then cmp -s "$work/src.bin" "$work/back.bin" || { echo "$name: NFS read-back differs" >&2; exit 1; }; fi
+        rm -f "$work/back.bin"
+        log "$name nfs run $i: write ${w[-1]} s, read ${r[-1]} s"
+    done
+    "$work/nfsbench" "$root?$q" rm /big.bin
+    for i in $(seq "$reps"); do
+        drop_caches
+        t=$("$work/nfsbench" "$root?$q" create "/creates$i" "$nfiles")
+        c+=("$t")
+        log "$name create run $i: $nfiles files in $t s"
+    done
+    drop_caches
+    local t0=$EPOCHREALTIME
+    for i in $(seq "$cpfiles"); do
+        nfs-cp "$work/f4k.bin" "${prefix}cpf$i?$q" >>"$work/cmd.log" 2>&1 || { echo "$name: nfs-cp #$i failed" >&2; tail "$work/cmd.log" >&2; exit 1; }
+    done
+    t=$(python3 -c "print(f'{$EPOCHREALTIME - $t0:.3f}')")
+    log "$name nfs-cp loop: $cpfiles files in $t s"
+    RAW[$name.nfs]="write ${w[*]} s; read ${r[*]} s; create($nfiles) ${c[*]} s; nfs-cp loop($cpfiles) $t s"
+    R[$name.nfs_w]=$(mibps "$(median "${w[@]}")")
+    R[$name.nfs_r]=$(mibps "$(median "${r[@]}")")
+    R[$name.nfs_c]=$(rate "$nfiles" "$(median "${c[@]}")")
+    R[$name.nfs_cp]=$(rate "$cpfiles" "$t")
+}
+
+# --- SFTP -------------------------------------------------------------------------------
+# sftp_bench NAME REMOTE_PATH DESTINATION SFTP_CMD...
+sftp_bench() {
+    local name=$1 remote=$2 dest=$3; shift 3
+    local p=() g=() i
+    printf -- '-rm %s\n' "$remote" >"$work/b-rm"
+    printf 'put %s %s\n' "$work/src.bin" "$remote" >"$work/b-put"
+    printf 'get %s %s\n' "$remote" "$work/back.bin" >"$work/b-get"
+    for i in $(seq "$reps"); do
+        "$@" -b "$work/b-rm" "$dest" >>"$work/cmd.log" 2>&1 || true
+        before_write
+        p+=("$(timeit "$@" -b "$work/b-put" "$dest")")
+        rm -f "$work/back.bin"
+        before_read
+        g+=("$(timeit "$@" -b "$work/b-get" "$dest")")
+        if ((i == 1)); then cmp -s "$work/src.bin" "$work/back.bin" || { echo "$name: SFTP read-back differs" >&2; exit 1; }; fi
+        rm -f "$work/back.bin"
+        log "$name sftp run $i: put ${p[-1]} s, get ${g[-1]} s"
+    done
+    "$@" -b "$work/b-rm" "$dest" >>"$work/cmd.log" 2>&1 || true
+    RAW[$name.sftp]="put ${p[*]} s; get ${g[*]} s"
+    R[$name.sftp_p]=$(mibps "$(median "${p[@]}")")
+    R[$name.sftp_g]=$(mibps "$(median "${g[@]}")")
+}
+ssh_opts=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR
+    -o Ciphers="$cipher" -o Compression=no)
+
+# --- Aquifer ----------------------------------------------------------------------------
+log "starting Aquifer"
+AQUIFER_ADMIN_PASSWORD=$admin_pw AQUIFER_LOG=${AQUIFER_LOG:-warn} "$bin" serve --data-dir "$work/aquifer" \
+    --rest 127.0.0.1:0 --s3 127.0.0.1:0 --nfs 127.0.0.1:0 --sftp 127.0.0.1:0 --drive-size 2GiB \
+    >"$work/aquifer.out" 2>"$work/aquifer.err" &
+aq_pid=$!
+pids+=("$aq_pid")
+for _ in $(seq 600); do
+    grep -q "^Aquifer is serving" "$work/aquifer.out" 2>/dev/null && break
+    kill -0 "$aq_pid" 2>/dev/null || { cat "$work/aquifer.err" >&2; exit 1; }
+    sleep 0.1
+done
+grep -q "^Aquifer is serving" "$work/aquifer.out" || { echo "Aquifer did not start" >&2; exit 1; }
+aq_nfs=$(grep -o 'nfs://[^ ,]*' "$work/aquifer.out" | sed 's/.*://')
+aq_sftp=$(grep -o 'sftp://[^ ,]*' "$work/aquifer.out" | sed 's/.*://')
+log "Aquifer pid $aq_pid: NFS/MOUNT port $aq_nfs, SFTP port $aq_sftp"
+
+nfs_bench aquifer "nfsport=$aq_nfs&mountport=$aq_nfs&version=3" "nfs://127.0.0.1/" "nfs://127.0.0.1//"
+sftp_bench aquifer big.bin admin@127.0.0.1 sshpass -p "$admin_pw" sftp -o BatchMode=no "${ssh_opts[@]}" -P "$aq_sftp"
+kill "$aq_pid"; wait "$aq_pid" 2>/dev/null || true
+
+# --- nfs-ganesha ------------------------------------------------------------------------
+log "starting nfs-ganesha"
+g_port=$(free_port) g_mnt=$(free_port)
+mkdir -p "$work/ganesha-export"
+cat >"$work/ganesha.conf" <<CONF
+NFS_CORE_PARAM { NFS_Port = $g_port; MNT_Port = $g_mnt; NLM_Port = 0; Rquota_Port = 0;
+    Enable_NLM = false; Enable_RQUOTA = false; Protocols = 3; Bind_addr = 127.0.0.1; }
+NFSV4 { Graceless = true; }
+EXPORT { Export_Id = 1; Path = $work/ganesha-export; Pseudo = $work/ganesha-export; Access_Type = RW;
+    Squash = No_Root_Squash; Protocols = 3; Transports = TCP; SecType = sys;
+    PrivilegedPort = false; CLIENT { Clients = 127.0.0.1; Access_Type = RW; }
+    FSAL { Name = VFS; } }
+CONF
+if ! pgrep -x rpcbind >/dev/null; then
+    rpcbind
+    rpcbind_pid=$(pgrep -x rpcbind | head -1)
+fi
+ganesha.nfsd -F -f "$work/ganesha.conf" -L "$work/ganesha.log" -p "$work/ganesha.pid" &
+g_pid=$!
+pids+=("$g_pid")
+wait_port "$g_port" "$g_pid" "$work/ganesha.log"
+wait_port "$g_mnt" "$g_pid" "$work/ganesha.log"
+log "ganesha pid $g_pid: NFS port $g_port, MOUNT port $g_mnt, export $work/ganesha-export"
+nfs_bench ganesha "nfsport=$g_port&mountport=$g_mnt&version=3" "nfs://127.0.0.1$work/ganesha-export" \
+    "nfs://127.0.0.1$work/ganesha-export/"
+kill "$g_pid"; wait "$g_pid" 2>/dev/null || true
+rm -rf "$work/ganesha-export"
+
+# --- OpenSSH sshd -----------------------------------------------------------------------
+log "starting sshd"
+s_port=$(free_port)
+mkdir -p /run/sshd "$work/sshd-data"
+ssh-keygen -q -t ed25519 -N '' -f "$work/ssh_host_ed25519_key"
+ssh-keygen -q -t ed25519 -N '' -f "$work/client_key"
+cp "$work/client_key.pub" "$work/authorized_keys"
+cat >"$work/sshd_config" <<CONF
+Port $s_port
+ListenAddress 127.0.0.1
+HostKey $work/ssh_host_ed25519_key
+PidFile $work/sshd.pid
+AuthorizedKeysFile $work/authorized_keys
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+Subsystem sftp internal-sftp
+CONF
+/usr/sbin/sshd -D -e -f "$work/sshd_config" 2>"$work/sshd.log" &
+s_pid=$!
+pids+=("$s_pid")
+wait_port "$s_port" "$s_pid" "$work/sshd.log"
+log "sshd pid $s_pid on port $s_port"
+sftp_bench sshd "$work/sshd-data/big.bin" root@127.0.0.1 sftp "${ssh_opts[@]}" -o IdentitiesOnly=yes -i "$work/client_key" \
+    -P "$s_port"
+kill "$s_pid"; wait "$s_pid" 2>/dev/null || true
+
+# --- report -----------------------------------------------------------------------------
+total=$(python3 -c "print(f'{$EPOCHREALTIME - $t_start:.0f}')")
+echo
+echo "| Protocol | Operation | Aquifer | Peer | Aquifer/peer |"
+echo "|---|---|---:|---:|---:|"
+row() { echo "| $1 | $2 | ${R[aquifer.$3]} $4 | ${R[$5.$3]} $4 | $(ratio "${R[aquifer.$3]}" "${R[$5.$3]}") |"; }
+row "NFSv3 (vs ganesha VFS)" "sequential write ${size_mib} MiB (nfs-cp)" nfs_w MiB/s ganesha
+row "NFSv3 (vs ganesha VFS)" "sequential read ${size_mib} MiB (nfs-cp)" nfs_r MiB/s ganesha
+row "NFSv3 (vs ganesha VFS)" "create+write 4 KiB files, one mount (libnfs loop, $nfiles files)" nfs_c files/s ganesha
+row "NFSv3 (vs ganesha VFS)" "create 4 KiB files, nfs-cp per file ($cpfiles files, 1 run)" nfs_cp files/s ganesha
+row "SFTP (vs sshd internal-sftp)" "put ${size_mib} MiB (sftp -b, $cipher)" sftp_p MiB/s sshd
+row "SFTP (vs sshd internal-sftp)" "get ${size_mib} MiB (sftp -b, $cipher)" sftp_g MiB/s sshd
+echo
+echo "Medians of $reps runs (except the nfs-cp-per-file row). Page cache dropped before every timed"
+echo "operation: $([[ $can_drop == 1 ]] && echo yes || echo no). Aquifer binary: $bin. Total $total s."
+echo "$(nproc) CPUs; load average at start $load_start, at end $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine shows here)."
+echo
+echo "Raw seconds per run:"
+for k in aquifer.nfs ganesha.nfs aquifer.sftp sshd.sftp; do echo "- $k: ${RAW[$k]}"; done
