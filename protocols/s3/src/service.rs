@@ -37,6 +37,8 @@ pub const LIST_KEYS_DEFAULT: usize = 1000;
 const LIST_ETAG_COMPUTE_BYTES_MAX: u64 = 8 << 20;
 /// Mode of objects and of the directories PUT creates.
 const FILE_MODE: u32 = 0o644;
+/// Objects put with the canned ACL `private`.
+const OWNER_ONLY_MODE: u32 = 0o600;
 const DIR_MODE: u32 = 0o755;
 /// Objects in one DeleteObjects request (as S3).
 const DELETE_OBJECTS_MAX: usize = 1000;
@@ -1030,6 +1032,16 @@ impl S3 for AquiferS3 {
             return Ok(S3Response::new(PutObjectOutput { e_tag: Some(quoted(&empty)), ..Default::default() }));
         }
         let key = object_key(&input.key)?.to_string();
+        // A canned ACL becomes the object's mode, which the engine enforces for every
+        // protocol: `private` is owner-only, so anonymous readers of a public-read bucket and
+        // other users are refused.
+        let mode = match input.acl.as_ref().map(|a| a.as_str()) {
+            None | Some("public-read") => FILE_MODE,
+            Some("private") => OWNER_ONLY_MODE,
+            Some(other) => {
+                return Err(err(S3ErrorCode::NotImplemented, format!("canned ACL {other} is not supported on objects; use private or public-read")));
+            }
+        };
         let tags = input.tagging.as_deref().map(parse_tagging_header).transpose()?.unwrap_or_default();
         let meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.expires, input.metadata);
         let expected = Checksum {
@@ -1053,7 +1065,7 @@ impl S3 for AquiferS3 {
                 && a.kind == FileKind::Dir {
                     return Err(map_err(Error::IsDir, Missing::Key));
                 }
-            let staged = e.begin_put(&c, parent, FILE_MODE).map_err(|e| map_err(e, Missing::Key))?;
+            let staged = e.begin_put(&c, parent, mode).map_err(|e| map_err(e, Missing::Key))?;
             Ok((b.ino, staged.ino))
         })
         .await?;

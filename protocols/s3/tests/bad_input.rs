@@ -34,6 +34,14 @@ async fn anonymous_reads_need_a_public_read_bucket() {
     let res = s.http.get(&url).send().await.unwrap();
     assert_eq!(res.status().as_u16(), 200);
     assert_eq!(res.text().await.unwrap(), "hi");
+    // An object put with the canned ACL `private` stays private in a public-read bucket.
+    let res = s.signed("PUT", "/pub/secret.txt", &[], b"s".to_vec()).header("x-amz-acl", "private").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200, "{}", res.text().await.unwrap());
+    let res = s.http.get(format!("{}/pub/secret.txt", s.endpoint())).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 403, "a private object is not anonymously readable");
+    assert_eq!(s.call("GET", "/pub/secret.txt", &[], vec![]).await.0, 200, "its owner reads it");
+    let res = s.signed("PUT", "/pub/other.txt", &[], b"s".to_vec()).header("x-amz-acl", "authenticated-read").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 501);
     // Reading is all an anonymous client may do.
     let res = s.http.put(&url).body("x").send().await.unwrap();
     assert_eq!(res.status().as_u16(), 403);
