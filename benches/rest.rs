@@ -69,7 +69,6 @@ fn main() {
         }
     }
     let url = |p: &str| format!("http://{addr}/api/v1{p}");
-    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(3600)).build().unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let idle_rss = proc_kib(pid, "VmRSS:");
 
@@ -96,7 +95,6 @@ fn main() {
     let peak_rss_write = proc_kib(pid, "VmHWM:");
     let get_mibs = curl(&["-w", "%{speed_download}", &url("/files/bench/big.bin")]);
     let _ = std::fs::remove_file(&src);
-    let _ = &client;
 
     // 4 KiB PUTs from 8 concurrent clients.
     let count = Arc::new(AtomicU64::new(0));

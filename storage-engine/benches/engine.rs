@@ -5,7 +5,6 @@
 //! Environment: AQUIFER_BENCH_DIR (default /var/tmp), AQUIFER_BENCH_FILE_MIB (default 1024),
 //! AQUIFER_BENCH_CREATES (default 20000). Needs `fio` for the raw baseline.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -136,7 +135,6 @@ fn main() {
     let raw_bytes_per_drive = ((file_mib << 20) * 6 / 4 / DRIVES as u64).next_multiple_of(1 << 20);
     let raw_write = fio(&drive_paths, "write", raw_bytes_per_drive * DRIVES as u64);
     let raw_read = fio(&drive_paths, "read", raw_bytes_per_drive * DRIVES as u64 * 4 / 6);
-    let _ = Path::new("/");
 
     println!();
     println!("| measurement | engine | raw drive files (fio, same run) | ratio |");
@@ -151,5 +149,4 @@ fn main() {
     }
     println!("| 4 KiB file creates/s (unstable, median of 3 x {}) | {creates_per_s:.0} | | |", creates / 3);
     println!("| 4 KiB file creates/s (each fsynced) | {durable_per_s:.0} | | |");
-    let _ = Path::new(&base);
 }

@@ -185,7 +185,7 @@ impl Engine {
 
     pub fn multipart_part_finish(&self, caller: &Caller, id: &str, number: u32, ino: Ino, tag: Vec<u8>) -> Result<PartInfo> {
         self.multipart_get(caller, id)?;
-        self.flush(ino, true)?;
+        self.flush_data_durable(ino)?;
         let a = self.getattr(caller, ino)?;
         let p = PartInfo { number, size: a.size, ino, tag, mtime_ns: a.mtime_ns };
         let old = {
@@ -355,7 +355,7 @@ impl Engine {
                     continue;
                 }
                 if let Some(cp) = st.common_prefix_of(&key) {
-                    if self.dir_nonempty(dir, &e.name)? && cp.as_slice() > st.start_after {
+                    if self.dir_has_entries(e.ino)? && cp.as_slice() > st.start_after {
                         st.emit_prefix(cp);
                     }
                     continue;
@@ -385,11 +385,6 @@ impl Engine {
         }
         Ok(())
     }
-
-    fn dir_nonempty(&self, parent: Ino, name: &[u8]) -> Result<bool> {
-        let a = self.lookup(&Caller::system(), parent, name)?;
-        Ok(!self.readdir(&Caller::system(), a.ino, None, 1)?.entries.is_empty())
-    }
 }
 
 struct ListState<'a> {
@@ -418,10 +413,10 @@ impl ListState<'_> {
         self.page.objects.len() + self.page.common_prefixes.len()
     }
 
-    fn full_check(&mut self, next: &[u8]) -> bool {
+    /// True (and the page closed) when the page already holds `max` entries.
+    fn full_check(&mut self) -> bool {
         if self.count() >= self.max {
             self.page.next_start_after = self.last.clone();
-            let _ = next;
             self.done = true;
             return true;
         }
@@ -432,7 +427,7 @@ impl ListState<'_> {
         if self.page.common_prefixes.last() == Some(&cp) {
             return;
         }
-        if self.full_check(&cp) {
+        if self.full_check() {
             return;
         }
         self.last = Some(cp.clone());
@@ -440,7 +435,7 @@ impl ListState<'_> {
     }
 
     fn emit_object(&mut self, key: Vec<u8>, attr: Attr) {
-        if self.full_check(&key) {
+        if self.full_check() {
             return;
         }
         self.last = Some(key.clone());
