@@ -32,9 +32,10 @@ pub(crate) const CF_SYSTEM: &str = "system";
 pub(crate) const CF_ORPHANS: &str = "orphans";
 pub(crate) const CF_UPLOADS: &str = "uploads";
 pub(crate) const CF_JOBS: &str = "jobs";
+pub(crate) const CF_AUDIT: &str = "audit";
 const ALL_CFS: &[&str] = &[
     CF_INODES, CF_DENTRIES, CF_EXTENTS, CF_STRIPES, CF_INLINE, CF_XATTRS, CF_IDENTITY,
-    CF_SYSTEM, CF_ORPHANS, CF_UPLOADS, CF_JOBS,
+    CF_SYSTEM, CF_ORPHANS, CF_UPLOADS, CF_JOBS, CF_AUDIT,
 ];
 
 /// Stripes of one flush whose shard writes may be outstanding together.
@@ -226,6 +227,7 @@ pub struct Engine {
     sync_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     sync_lock: Mutex<()>,
     pub(crate) cluster_uuid: [u8; 16],
+    pub(crate) audit_seq: AtomicU64,
 }
 
 pub(crate) fn validate_name(name: &[u8]) -> Result<()> {
@@ -360,6 +362,7 @@ impl Engine {
             None => 1,
         };
         let (events, _) = tokio::sync::broadcast::channel(4096);
+        let audit_next = Self::last_audit_seq(&db)? + 1;
         let engine = Arc::new(Engine {
             db,
             data,
@@ -376,6 +379,7 @@ impl Engine {
             sync_thread: Mutex::new(None),
             sync_lock: Mutex::new(()),
             cluster_uuid,
+            audit_seq: AtomicU64::new(audit_next),
         });
         engine.ensure_admin()?;
         engine.reclaim_orphans()?;

@@ -12,6 +12,7 @@ mod identity;
 mod jobs;
 mod objects;
 mod records;
+mod settings;
 mod types;
 mod writebuf;
 
@@ -21,4 +22,5 @@ pub use error::{Error, NameProblem, Result};
 pub use identity::{GroupInfo, NewUser, PASSWORD_BYTES_MIN, S3KeyInfo, TokenInfo, UserInfo, UserUpdate};
 pub use jobs::{JobInfo, JobKind, JobState};
 pub use objects::{LIST_KEYS_MAX, ObjectEntry, ObjectPage, PARTS_MAX, PartInfo, UploadInfo, split_key};
+pub use settings::{AUDIT_PAGE_MAX, AuditRecord, SETTING_KEY_BYTES_MAX, SETTING_VALUE_BYTES_MAX};
 pub use types::*;

@@ -1,0 +1,1 @@
+//! Portals: a hub directory extended to a spoke cluster across a WAN.
