@@ -54,3 +54,11 @@ async fn rclone_suite_passes() {
     run(&s, "bash", &[script("rclone_suite.sh").to_str().unwrap()]).await;
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3cmd_suite_passes() {
+    require("s3cmd", &["--version"], "s3cmd (apt-get install s3cmd)");
+    let s = start().await;
+    run(&s, "bash", &[script("s3cmd_suite.sh").to_str().unwrap()]).await;
+    s.stop().await;
+}
