@@ -4,7 +4,7 @@ set -euo pipefail
 
 # Build: RocksDB needs libclang; benchmarks use fio and iperf3.
 # Tests drive real clients: awscli, rclone and s3cmd (S3), libnfs-utils (NFSv3), OpenSSH sftp with
-# sshpass (SFTP); python3 with boto3 and paramiko.
+# sshpass (SFTP); python3 with boto3, paramiko and minio.
 want=(build-essential pkg-config libclang-dev clang curl ca-certificates fio iperf3
       awscli rclone s3cmd libnfs-utils openssh-client sshpass python3)
 missing=()
@@ -25,5 +25,21 @@ if ((${#py_missing[@]})); then
     echo "installing python modules: ${py_missing[*]}"
     python3 -m pip install --quiet --disable-pip-version-check "${py_missing[@]}" \
         || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "${py_missing[@]}"
+fi
+# MinIO's Python SDK and its functional tests, which ship only in the sdist
+# (protocols/s3/tests/clients.rs runs them from here). The SDK and the tests are one version.
+minio_version=7.2.20
+minio_dir=/var/cache/aquifer-minio
+if ! python3 -c "import minio, sys; sys.exit(minio.__version__ != '$minio_version')" 2>/dev/null; then
+    echo "installing python module: minio==$minio_version"
+    python3 -m pip install --quiet --disable-pip-version-check "minio==$minio_version" \
+        || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "minio==$minio_version"
+fi
+if [[ ! -f "$minio_dir/minio-$minio_version/tests/functional/tests.py" ]]; then
+    echo "fetching the minio $minio_version sdist (functional tests)"
+    mkdir -p "$minio_dir"
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+        -d "$minio_dir" "minio==$minio_version"
+    tar -xzf "$minio_dir/minio-$minio_version.tar.gz" -C "$minio_dir"
 fi
 command -v cargo >/dev/null || { echo "cargo (Rust 1.95) is required" >&2; exit 1; }

@@ -43,6 +43,28 @@ const DIR_MODE: u32 = 0o755;
 /// Objects in one DeleteObjects request (as S3).
 const DELETE_OBJECTS_MAX: usize = 1000;
 
+/// A canned ACL becomes the object's mode, which the engine enforces for every protocol:
+/// `private` is owner-only, so anonymous readers of a public-read bucket and other users are
+/// refused. Other canned ACLs are refused rather than ignored.
+fn object_mode(acl: Option<&ObjectCannedACL>) -> S3Result<u32> {
+    match acl.map(|a| a.as_str()) {
+        None | Some(ObjectCannedACL::PUBLIC_READ) => Ok(FILE_MODE),
+        Some(ObjectCannedACL::PRIVATE) => Ok(OWNER_ONLY_MODE),
+        Some(other) => Err(err(S3ErrorCode::NotImplemented, format!("canned ACL {other} is not supported on objects; use private or public-read"))),
+    }
+}
+
+/// `x-amz-meta-snowball-auto-extract: true` asks the server to unpack a tar archive into
+/// objects (Snowball Edge, MinIO); Aquifer does not, and says so instead of storing the
+/// archive as one object the client does not expect.
+fn refuse_auto_extract(meta: Option<&Metadata>) -> S3Result<()> {
+    let asked = meta.is_some_and(|m| m.iter().any(|(k, v)| k.eq_ignore_ascii_case("snowball-auto-extract") && v.eq_ignore_ascii_case("true")));
+    if asked {
+        return Err(err(S3ErrorCode::NotImplemented, "snowball-auto-extract (unpacking a tar archive into objects) is not supported"));
+    }
+    Ok(())
+}
+
 /// Runs blocking engine work off the async runtime.
 pub(crate) async fn blocking<T, F>(f: F) -> S3Result<T>
 where
@@ -1032,16 +1054,8 @@ impl S3 for AquiferS3 {
             return Ok(S3Response::new(PutObjectOutput { e_tag: Some(quoted(&empty)), ..Default::default() }));
         }
         let key = object_key(&input.key)?.to_string();
-        // A canned ACL becomes the object's mode, which the engine enforces for every
-        // protocol: `private` is owner-only, so anonymous readers of a public-read bucket and
-        // other users are refused.
-        let mode = match input.acl.as_ref().map(|a| a.as_str()) {
-            None | Some("public-read") => FILE_MODE,
-            Some("private") => OWNER_ONLY_MODE,
-            Some(other) => {
-                return Err(err(S3ErrorCode::NotImplemented, format!("canned ACL {other} is not supported on objects; use private or public-read")));
-            }
-        };
+        let mode = object_mode(input.acl.as_ref())?;
+        refuse_auto_extract(input.metadata.as_ref())?;
         let tags = input.tagging.as_deref().map(parse_tagging_header).transpose()?.unwrap_or_default();
         let meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.expires, input.metadata);
         let expected = Checksum {
@@ -1330,10 +1344,11 @@ impl S3 for AquiferS3 {
         let url = input.encoding_type.as_ref().is_some_and(|e| e.as_str() == EncodingType::URL);
         let enc = move |s: String| if url { url_encode(&s) } else { s };
         let token = input.continuation_token.as_deref().map(decode_token).transpose()?;
-        let start = match (token, input.start_after.clone()) {
-            (Some(t), Some(s)) => t.max(s),
-            (Some(t), None) => t,
-            (None, s) => s.unwrap_or_default(),
+        // A continuation token carries the position; StartAfter counts only on the first
+        // page (as S3: clients such as MinIO's send both on every later page).
+        let start = match token {
+            Some(t) => t,
+            None => input.start_after.clone().unwrap_or_default(),
         };
         let fetch_owner = input.fetch_owner.unwrap_or(false);
         let (bucket, prefix, delim) = (input.bucket.clone(), input.prefix.clone().unwrap_or_default(), input.delimiter.clone());
@@ -1504,9 +1519,11 @@ impl S3 for AquiferS3 {
         let caller = self.caller(&req)?;
         let input = req.input;
         let key = object_key(&input.key)?.to_string();
+        let mode = object_mode(input.acl.as_ref())?;
         let tags = input.tagging.as_deref().map(parse_tagging_header).transpose()?.unwrap_or_default();
         let meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.expires, input.metadata);
         let mut stored = serde_json::Map::new();
+        stored.insert("mode".into(), serde_json::Value::from(mode));
         stored.insert("meta".into(), serde_json::Value::String(String::from_utf8(meta.encode()).expect("JSON is UTF-8")));
         stored.insert("tags".into(), serde_json::Value::String(String::from_utf8(encode_tags(&tags)).expect("JSON is UTF-8")));
         let stored = serde_json::to_vec(&serde_json::Value::Object(stored)).expect("a JSON map serializes");
@@ -1640,7 +1657,15 @@ impl S3 for AquiferS3 {
             let stored: serde_json::Value = serde_json::from_slice(&upload.meta).unwrap_or_default();
             let meta = stored.get("meta").and_then(|v| v.as_str()).map(|s| ObjectMeta::decode(s.as_bytes())).unwrap_or_default();
             let tags = stored.get("tags").and_then(|v| v.as_str()).map(|s| decode_tags(s.as_bytes())).unwrap_or_default();
+            let mode = stored.get("mode").and_then(|v| v.as_u64()).map_or(FILE_MODE, |m| m as u32);
             let attr = engine.multipart_complete(&caller, &id, &wanted, &[]).map_err(|e| map_err(e, Missing::Upload))?;
+            // The canned ACL given at CreateMultipartUpload: the engine publishes the object
+            // with the default mode, so a private one is narrowed at once.
+            if mode != FILE_MODE {
+                engine
+                    .setattr(&caller, attr.ino, storage_engine::SetAttr { mode: Some(mode), ..Default::default() })
+                    .map_err(|e| map_err(e, Missing::Key))?;
+            }
             // The object is published; its ETag and metadata follow at once. A reader in
             // between computes the MD5 itself.
             save_etag(&engine, attr.ino, &etag, &attr).map_err(|e| map_err(e, Missing::Key))?;

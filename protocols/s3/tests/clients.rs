@@ -62,3 +62,29 @@ async fn s3cmd_suite_passes() {
     run(&s, "bash", &[script("s3cmd_suite.sh").to_str().unwrap()]).await;
     s.stop().await;
 }
+
+/// Where scripts/deps.sh unpacks the `minio` sdist (the same version as the installed SDK).
+const MINIO_TESTS: &str = "/var/cache/aquifer-minio/minio-7.2.20/tests/functional/tests.py";
+
+/// MinIO's Python SDK functional tests, every one run and checked against the known-failure
+/// and not-implemented lists in the driver script (docs/s3-conformance.md gives the reasons).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minio_functional_tests_pass() {
+    require("python3", &["-c", "import minio"], "the minio SDK (pip install minio==7.2.20)");
+    let tests = std::env::var("MINIO_TESTS").unwrap_or_else(|_| MINIO_TESTS.to_string());
+    assert!(std::path::Path::new(&tests).exists(), "{tests} is missing: scripts/deps.sh unpacks the minio sdist there");
+    let s = start().await;
+    let out = tokio::process::Command::new("python3")
+        .arg(script("minio_functional.py"))
+        .env("ENDPOINT", s.endpoint())
+        .env("ACCESS", &s.access)
+        .env("SECRET", &s.secret)
+        .env("MINIO_TESTS", &tests)
+        .output()
+        .await
+        .expect("run python3");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("{text}");
+    assert!(out.status.success(), "MinIO functional tests: unexpected results:\n{text}");
+    s.stop().await;
+}
