@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use russh::server::{Auth, Msg, Session};
 use russh::{Channel, ChannelId};
-use russh_sftp::protocol::{Attrs, Data, File, FileAttributes, Handle, Name, OpenFlags, Packet, Status, StatusCode, Version};
-use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ROOT_INO, SetAttr, Stability, TimeSet};
+use russh_sftp::protocol::{Attrs, Data, ExtendedReply, File, FileAttributes, Handle, Name, OpenFlags, Packet, Status, StatusCode, Version};
+use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ROOT_INO, SetAttr, Stability, StatFs, TimeSet};
 use tracing::info;
 
 /// Open file and directory handles per SFTP session.
@@ -311,7 +311,9 @@ impl russh_sftp::server::Handler for SftpSession {
 
     async fn init(&mut self, _version: u32, _extensions: HashMap<String, String>) -> Result<Version, Self::Error> {
         let mut v = Version::new();
-        v.extensions.insert("fsync@openssh.com".into(), "1".into());
+        for (name, version) in EXTENSIONS {
+            v.extensions.insert(name.into(), version.into());
+        }
         Ok(v)
     }
 
@@ -527,18 +529,105 @@ impl russh_sftp::server::Handler for SftpSession {
     async fn extended(&mut self, id: u32, request: String, data: Vec<u8>) -> Result<Packet, Self::Error> {
         match request.as_str() {
             "fsync@openssh.com" => {
-                // The request data is the handle as an SSH string.
-                if data.len() < 4 {
-                    return Err(StatusCode::BadMessage);
-                }
-                let n = u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize;
-                let handle = data.get(4..4 + n).ok_or(StatusCode::BadMessage)?;
-                let handle = String::from_utf8_lossy(handle).into_owned();
+                let [handle] = ssh_strings::<1>(&data)?;
                 let (ino, _) = self.file_ino(&handle)?;
                 self.run(move |e, c| e.commit(c, ino)).await?;
                 Ok(Packet::from(ok(id)))
             }
+            // Rename that replaces an existing target, atomically (the engine's rename does).
+            "posix-rename@openssh.com" => {
+                let [from, to] = ssh_strings::<2>(&data)?;
+                self.run(move |e, c| {
+                    let (fp, fname) = parent_and_name(e, c, &from)?;
+                    let (tp, tname) = parent_and_name(e, c, &to)?;
+                    e.rename(c, fp.ino, fname.as_bytes(), tp.ino, tname.as_bytes())
+                })
+                .await?;
+                Ok(Packet::from(ok(id)))
+            }
+            "hardlink@openssh.com" => {
+                let [existing, link] = ssh_strings::<2>(&data)?;
+                self.run(move |e, c| {
+                    let a = walk(e, c, &existing, false)?;
+                    if a.kind == FileKind::Dir {
+                        return Err(Error::IsDir);
+                    }
+                    let (p, n) = parent_and_name(e, c, &link)?;
+                    e.link(c, a.ino, p.ino, n.as_bytes()).map(|_| ())
+                })
+                .await?;
+                Ok(Packet::from(ok(id)))
+            }
+            "statvfs@openssh.com" => {
+                let [path] = ssh_strings::<1>(&data)?;
+                let data = self
+                    .run(move |e, c| {
+                        walk(e, c, &path, true)?;
+                        e.statfs(c)
+                    })
+                    .await
+                    .map(|s| statvfs_reply(&s))?;
+                Ok(Packet::ExtendedReply(ExtendedReply { id, data }))
+            }
+            "fstatvfs@openssh.com" => {
+                let [handle] = ssh_strings::<1>(&data)?;
+                if !self.handles.contains_key(&handle) {
+                    return Err(StatusCode::Failure);
+                }
+                let data = self.run(|e, c| e.statfs(c)).await.map(|s| statvfs_reply(&s))?;
+                Ok(Packet::ExtendedReply(ExtendedReply { id, data }))
+            }
             _ => Err(StatusCode::OpUnsupported),
         }
     }
+}
+
+/// Extensions offered in the VERSION reply (name, version), as OpenSSH's sftp-server names
+/// them; its client uses each only when offered.
+const EXTENSIONS: [(&str, &str); 5] = [
+    ("posix-rename@openssh.com", "1"),
+    ("statvfs@openssh.com", "2"),
+    ("fstatvfs@openssh.com", "2"),
+    ("hardlink@openssh.com", "1"),
+    ("fsync@openssh.com", "1"),
+];
+
+/// Block size reported by statvfs (the unit of its block counts).
+const STATVFS_BLOCK_BYTES: u64 = 4096;
+
+/// The `N` SSH strings (u32 length, bytes) that make up an extended request's data, exactly.
+fn ssh_strings<const N: usize>(mut data: &[u8]) -> Result<[String; N], StatusCode> {
+    let mut out: [String; N] = std::array::from_fn(|_| String::new());
+    for s in &mut out {
+        let len: [u8; 4] = data.get(..4).ok_or(StatusCode::BadMessage)?.try_into().expect("four bytes");
+        let n = u32::from_be_bytes(len) as usize;
+        let bytes = data.get(4..4usize.saturating_add(n)).ok_or(StatusCode::BadMessage)?;
+        *s = String::from_utf8(bytes.to_vec()).map_err(|_| StatusCode::BadMessage)?;
+        data = &data[4 + n..];
+    }
+    if !data.is_empty() {
+        return Err(StatusCode::BadMessage);
+    }
+    Ok(out)
+}
+
+/// The statvfs@openssh.com reply: eleven u64 (bsize, frsize, blocks, bfree, bavail, files,
+/// ffree, favail, fsid, flag, namemax). The engine has no inode table to run out of; free
+/// inodes are counted as free 4 KiB blocks, as NFS FSSTAT does.
+fn statvfs_reply(s: &StatFs) -> Vec<u8> {
+    let free_blocks = s.free_bytes / STATVFS_BLOCK_BYTES;
+    let fields = [
+        STATVFS_BLOCK_BYTES,
+        STATVFS_BLOCK_BYTES,
+        s.total_bytes / STATVFS_BLOCK_BYTES,
+        free_blocks,
+        free_blocks,
+        s.files.saturating_add(free_blocks),
+        free_blocks,
+        free_blocks,
+        0,
+        0,
+        u64::from(s.name_bytes_max),
+    ];
+    fields.iter().flat_map(|f| f.to_be_bytes()).collect()
 }

@@ -290,3 +290,104 @@ async fn public_key_login_accepts_registered_keys_only() {
     assert!(e.resolve(&Caller::system(), "/home/stranger").is_err());
     s.stop().await;
 }
+
+const EXTENSIONS_SCRIPT: &str = r#"
+import struct, sys, paramiko
+from paramiko.sftp import CMD_EXTENDED, CMD_EXTENDED_REPLY
+port, password = int(sys.argv[1]), sys.argv[2]
+t = paramiko.Transport(("127.0.0.1", port))
+t.connect(username="alice", password=password)
+s = paramiko.SFTPClient.from_transport(t)
+# statvfs@openssh.com first, before anything is written: eleven u64 fields.
+kind, msg = s._request(CMD_EXTENDED, "statvfs@openssh.com", "/home")
+assert kind == CMD_EXTENDED_REPLY, kind
+print("statvfs " + " ".join(str(msg.get_int64()) for _ in range(11)), flush=True)
+try:
+    s._request(CMD_EXTENDED, "statvfs@openssh.com", "/home/no-such-dir")
+    raise SystemExit("statvfs of a missing path succeeded")
+except FileNotFoundError:
+    pass
+# posix-rename replaces an existing target; plain (v3) rename refuses to.
+for name, body in [("a", b"first"), ("b", b"second"), ("c", b"third")]:
+    with s.open("/home/" + name, "wb") as f:
+        f.write(body)
+try:
+    s.rename("/home/a", "/home/b")
+    raise SystemExit("SFTP v3 rename replaced an existing file")
+except IOError:
+    pass
+s.posix_rename("/home/a", "/home/b")
+assert sorted(s.listdir("/home")) == ["b", "c"], s.listdir("/home")
+with s.open("/home/b", "rb") as f:
+    assert f.read() == b"first"
+# A directory cannot replace a file.
+s.mkdir("/home/d")
+try:
+    s.posix_rename("/home/d", "/home/c")
+    raise SystemExit("a directory replaced a file")
+except IOError:
+    pass
+# Malformed extension requests get an error status; the session goes on.
+for req in [("posix-rename@openssh.com", "/home/c"), ("statvfs@openssh.com",), ("fsync@openssh.com", "no-such-handle"), ("no-such@example.com", "x")]:
+    try:
+        s._request(CMD_EXTENDED, *req)
+        raise SystemExit("accepted: %r" % (req,))
+    except IOError:
+        pass
+with s.open("/home/c", "rb") as f:
+    assert f.read() == b"third"
+s.close(); t.close()
+print("extensions ok")
+"#;
+
+/// OpenSSH extensions: posix-rename (replaces the target atomically), statvfs (OpenSSH
+/// `df`), hardlink (OpenSSH `ln`) and fsync (`put -f`), through OpenSSH's sftp and paramiko.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn openssh_extensions_posix_rename_statvfs_hardlink_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let server = Server::start(e.clone(), &dir.path().join("key")).await;
+    let work = tempfile::tempdir().unwrap();
+    let sys = Caller::system();
+    let fs = e.statfs(&sys).unwrap();
+
+    let script = work.path().join("ext.py");
+    std::fs::write(&script, EXTENSIONS_SCRIPT).unwrap();
+    let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into()], "python3 with paramiko").await;
+    assert!(out.status.success(), "paramiko: {}", show(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<u64> = text.lines().find_map(|l| l.strip_prefix("statvfs ")).expect("statvfs line").split(' ').map(|v| v.parse().unwrap()).collect();
+    let free = fs.free_bytes / 4096;
+    assert_eq!(f, [4096, 4096, fs.total_bytes / 4096, free, free, fs.files + free, free, free, 0, 0, u64::from(fs.name_bytes_max)], "statvfs fields");
+    assert_eq!(read_all(&e, "/home/b"), b"first");
+    assert!(e.resolve(&sys, "/home/a").is_err());
+
+    // OpenSSH's client: rename over an existing file (posix-rename when offered), ln, df.
+    let data = bytes(5, 300_000);
+    std::fs::write(work.path().join("new.bin"), &data).unwrap();
+    let batch = format!(
+        "cd /home\nput -f {w}/new.bin incoming.tmp\nrename incoming.tmp c\nln c c.hard\nln -s c c.soft\ndf\ndf -i\n",
+        w = work.path().display()
+    );
+    let out = sftp_batch(server.addr, "alice", PASSWORD, &batch, work.path()).await;
+    assert!(out.status.success(), "sftp batch: {}", show(&out));
+    assert_eq!(read_all(&e, "/home/c"), data, "rename replaced the old c");
+    assert!(e.resolve(&sys, "/home/incoming.tmp").is_err());
+    let (c, hard) = (e.resolve(&sys, "/home/c").unwrap(), e.resolve(&sys, "/home/c.hard").unwrap());
+    assert_eq!((hard.ino, hard.nlink), (c.ino, 2), "ln made a hard link");
+    assert_eq!(e.readlink(&sys, e.resolve(&sys, "/home/c.soft").unwrap().ino).unwrap(), b"c");
+    // `df` prints Size Used Avail (root) %Capacity in KiB, then `df -i` the inode counts.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<Vec<u64>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().map(|w| w.trim_end_matches('%')).collect::<Vec<_>>())
+        .filter(|w| w.len() == 5 && w.iter().all(|v| v.parse::<u64>().is_ok()))
+        .map(|w| w.iter().map(|v| v.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "two df rows in:\n{stdout}");
+    let after = e.statfs(&sys).unwrap();
+    assert_eq!(rows[0][0], fs.total_bytes / 4096 * 4, "df size in KiB:\n{stdout}");
+    assert!(rows[0][2] <= rows[0][0] && rows[0][2] >= after.free_bytes / 4096 * 4 - 16 * 1024, "df avail:\n{stdout}");
+    assert!(rows[1][1] >= 5, "df -i counts the files in use:\n{stdout}");
+    server.stop().await;
+}
