@@ -1,1 +1,2 @@
 //! Portals: a hub directory extended to a spoke cluster across a WAN.
+pub mod wan;
