@@ -4,9 +4,11 @@ set -euo pipefail
 
 # Build: RocksDB needs libclang; benchmarks use fio and iperf3.
 # Tests drive real clients: awscli, rclone and s3cmd (S3), libnfs-utils (NFSv3), OpenSSH sftp with
-# sshpass (SFTP); python3 with boto3, paramiko and minio.
+# sshpass (SFTP), smbclient (SMB); samba's smbd and smbtorture (samba-testsuite) for the SMB
+# conformance and benchmark scripts; python3 with boto3, paramiko and minio.
 want=(build-essential pkg-config libclang-dev clang curl ca-certificates fio iperf3
-      awscli rclone s3cmd libnfs-utils openssh-client sshpass python3)
+      awscli rclone s3cmd libnfs-utils openssh-client sshpass python3
+      smbclient samba samba-testsuite)
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -29,6 +29,10 @@ pub struct ServeArgs {
     /// Address of SFTP (SSH).
     #[arg(long, env = "AQUIFER_SFTP_LISTEN")]
     sftp: Option<SocketAddr>,
+    /// Address of SMB 2/3. Default 127.0.0.1:445, which needs root; when that default cannot
+    /// be bound the daemon serves without SMB (an address given here must bind).
+    #[arg(long, env = "AQUIFER_SMB_LISTEN")]
+    smb: Option<SocketAddr>,
     /// TOML configuration (drives, pools, listeners); flags override it.
     #[arg(long, env = "AQUIFER_CONFIG")]
     config: Option<PathBuf>,
@@ -55,6 +59,24 @@ struct ConfigFile {
     engine: EngineEntry,
     #[serde(default)]
     exports: Vec<ExportEntry>,
+    #[serde(default)]
+    shares: Vec<ShareEntry>,
+}
+
+/// An SMB share in the configuration file (`[[shares]]`).
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+struct ShareEntry {
+    name: String,
+    path: String,
+    #[serde(default)]
+    read_only: bool,
+    #[serde(default)]
+    guest: bool,
+    #[serde(default)]
+    encrypt: bool,
+    #[serde(default)]
+    leases: bool,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -65,6 +87,7 @@ struct Listen {
     s3_domain: Option<String>,
     nfs: Option<SocketAddr>,
     sftp: Option<SocketAddr>,
+    smb: Option<SocketAddr>,
 }
 
 /// An NFS export in the configuration file.
@@ -190,6 +213,23 @@ pub fn run(args: ServeArgs) -> Result<()> {
         s3_domain: args.s3_domain.clone().or(file.listen.s3_domain.clone()),
         nfs: addr(args.nfs, file.listen.nfs, "127.0.0.1:2049"),
         sftp: addr(args.sftp, file.listen.sftp, "127.0.0.1:2222"),
+        smb: addr(args.smb, file.listen.smb, "127.0.0.1:445"),
+        smb_given: args.smb.or(file.listen.smb).is_some(),
+        smb_shares: if file.shares.is_empty() {
+            aquifer_smb::SmbOptions::default().shares
+        } else {
+            file.shares
+                .iter()
+                .map(|s| aquifer_smb::ShareConfig {
+                    name: s.name.clone(),
+                    path: s.path.clone(),
+                    read_only: s.read_only,
+                    guest: s.guest,
+                    encrypt: s.encrypt,
+                    leases: s.leases,
+                })
+                .collect()
+        },
         // The embedded default exports / to this machine only, without root squash, so the
         // local admin can use it as root.
         exports: if file.exports.is_empty() {
@@ -310,6 +350,10 @@ struct Listeners {
     s3_domain: Option<String>,
     nfs: SocketAddr,
     sftp: SocketAddr,
+    smb: SocketAddr,
+    /// The SMB address was configured (must bind) rather than the default (may be skipped).
+    smb_given: bool,
+    smb_shares: Vec<aquifer_smb::ShareConfig>,
     exports: Vec<aquifer_nfs::Export>,
 }
 
@@ -323,6 +367,15 @@ async fn serve_all(engine: Arc<Engine>, listen: Listeners, data_dir: PathBuf) ->
     let nfs = bind("NFS", listen.nfs).await?;
     let sftp = bind("SFTP", listen.sftp).await?;
     let (rest_at, s3_at, nfs_at, sftp_at) = (rest.local_addr()?, s3.local_addr()?, nfs.local_addr()?, sftp.local_addr()?);
+    let smb_opts = aquifer_smb::SmbOptions { shares: listen.smb_shares.clone(), ..Default::default() };
+    let smb = match aquifer_smb::SmbService::bind(engine.clone(), listen.smb, smb_opts).await {
+        Ok(s) => Some(s),
+        Err(e) if !listen.smb_given => {
+            tracing::warn!("not serving SMB: {e:#} (give --smb ADDR, e.g. 127.0.0.1:4445)");
+            None
+        }
+        Err(e) => return Err(e),
+    };
     let (tx, rx) = tokio::sync::watch::channel(false);
     // Handlers first: once the address is printed, SIGTERM must mean a clean shutdown.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -352,6 +405,15 @@ async fn serve_all(engine: Arc<Engine>, listen: Listeners, data_dir: PathBuf) ->
         let f = aquifer_sftp::serve(engine.clone(), sftp, opts, stopped());
         async move { ("SFTP", f.await) }
     });
+    if let Some(smb) = smb {
+        let at = smb.local_addr();
+        let names: Vec<String> = listen.smb_shares.iter().map(|s| s.name.clone()).collect();
+        println!("SMB at smb://{at} (shares: {})", names.join(", "));
+        tasks.spawn({
+            let f = smb.serve(stopped());
+            async move { ("SMB", f.await) }
+        });
+    }
     println!(
         "S3 at s3://{s3_at}, NFSv3 at nfs://{nfs_at} (MOUNT on the same port), SFTP at sftp://{sftp_at}"
     );

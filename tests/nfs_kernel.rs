@@ -71,6 +71,7 @@ fn start_daemon(data_dir: &Path, nfs_port: u16) -> Daemon {
         s3: String::new(),
         nfs: format!("127.0.0.1:{nfs_port}"),
         sftp: String::new(),
+        smb: String::new(),
         data_dir: data_dir.to_path_buf(),
     };
     let deadline = Instant::now() + Duration::from_secs(30);

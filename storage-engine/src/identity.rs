@@ -99,6 +99,19 @@ fn ssh_key_key(user: &str, fingerprint: &str) -> Vec<u8> {
 /// Longest OpenSSH public key line accepted (RSA 16384-bit keys fit).
 const SSH_KEY_LINE_BYTES_MAX: usize = 8192;
 
+/// NT hash of a user's password, for SMB NTLMv2 (DESIGN.md §3.4). Kept beside the user record
+/// so users created before it existed simply have none until their password is set again.
+fn nt_hash_key(name: &str) -> Vec<u8> {
+    format!("nt/{name}").into_bytes()
+}
+
+/// The NT hash of a password: MD4 of its UTF-16LE encoding (MS-NLMP 3.3.1).
+pub(crate) fn nt_hash(password: &str) -> [u8; 16] {
+    use md4::Digest as _;
+    let utf16: Vec<u8> = password.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    md4::Md4::digest(&utf16).into()
+}
+
 fn token_key(id: &str) -> Vec<u8> {
     format!("t/{id}").into_bytes()
 }
@@ -194,6 +207,7 @@ impl Engine {
         };
         batch.put_cf(cf, user_key("admin"), u.encode());
         batch.put_cf(cf, uid_key(0), b"admin");
+        batch.put_cf(cf, nt_hash_key("admin"), nt_hash(&password));
         self.write_identity(batch)?;
         Ok(())
     }
@@ -331,6 +345,7 @@ impl Engine {
         };
         batch.put_cf(cf, user_key(&rec.name), rec.encode());
         batch.put_cf(cf, uid_key(uid), rec.name.as_bytes());
+        batch.put_cf(cf, nt_hash_key(&rec.name), nt_hash(&new.password));
         self.write_identity(batch)?;
         Ok(Self::info(&rec))
     }
@@ -369,6 +384,9 @@ impl Engine {
         }
         let mut batch = WriteBatch::default();
         batch.put_cf(self.cf(CF_IDENTITY), user_key(name), rec.encode());
+        if let Some(p) = &upd.password {
+            batch.put_cf(self.cf(CF_IDENTITY), nt_hash_key(name), nt_hash(p));
+        }
         self.write_identity(batch)?;
         Ok(Self::info(&rec))
     }
@@ -384,6 +402,7 @@ impl Engine {
         let mut batch = WriteBatch::default();
         batch.delete_cf(cf, user_key(name));
         batch.delete_cf(cf, uid_key(rec.uid));
+        batch.delete_cf(cf, nt_hash_key(name));
         // The user's tokens die with it.
         for kv in self.db.iterator_cf(cf, IteratorMode::From(b"t/", Direction::Forward)) {
             let (k, v) = kv?;
@@ -662,11 +681,39 @@ impl Engine {
         Ok(Self::caller_of(&rec, rec.role))
     }
 
+    /// NT hashes of every enabled user that has one (SMB logins). Users whose password was set
+    /// before NT hashes were kept have none and cannot log in over SMB until it is set again.
+    pub fn nt_hashes(&self) -> Result<Vec<(String, [u8; 16])>> {
+        let mut out = Vec::new();
+        for kv in self.db.iterator_cf(self.cf(CF_IDENTITY), IteratorMode::From(b"nt/", Direction::Forward)) {
+            let (k, v) = kv?;
+            if !k.starts_with(b"nt/") {
+                break;
+            }
+            let name = String::from_utf8_lossy(&k[3..]).into_owned();
+            let hash: [u8; 16] = v[..].try_into().map_err(|_| Error::Corrupt("NT hash".into()))?;
+            if self.get_user_rec(&name)?.is_some_and(|u| !u.disabled) {
+                out.push((name, hash));
+            }
+        }
+        Ok(out)
+    }
+
     /// The caller for a uid (NFS AUTH_SYS); unknown uids act with only that uid and gid.
     pub fn caller_for_uid(&self, uid: u32, gid: u32, groups: &[u32]) -> Result<Caller> {
         Ok(match self.user_by_uid(uid)? {
             Some(u) if !u.disabled => Caller { user: u.name, uid, gid, groups: groups.to_vec(), role: Role::User },
             _ => Caller { user: format!("uid:{uid}"), uid, gid, groups: groups.to_vec(), role: Role::User },
         })
+    }
+}
+
+#[cfg(test)]
+mod nt_hash_tests {
+    #[test]
+    fn nt_hash_matches_known_vectors() {
+        // MS-NLMP 4.2.2.1.2 ("Password") and the widely published hash of "password".
+        assert_eq!(hex::encode(super::nt_hash("Password")), "a4f49c406510bdcab6824ee7c30fd852");
+        assert_eq!(hex::encode(super::nt_hash("password")), "8846f7eaee8fb117ad06bdd830b7586c");
     }
 }

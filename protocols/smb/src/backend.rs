@@ -1,0 +1,477 @@
+//! The share backend: SMB paths and handles mapped onto engine calls, each made as the user
+//! whose session sent the request, so the engine enforces permissions.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use smb_server::{
+    BackendCapabilities, Bytes, DirEntry, FileInfo, FileTimes, Handle, Identity, OpenAction, OpenIntent, OpenOptions,
+    ShareBackend, SmbError, SmbPath, SmbResult, VolumeInfo,
+};
+use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, SetAttr, Stability, TimeSet};
+
+/// Entries fetched per engine readdir call while listing a directory.
+const READDIR_PAGE: usize = 1024;
+/// Mode bits of files and directories created over SMB (before the engine's own rules).
+const FILE_MODE: u32 = 0o644;
+const DIR_MODE: u32 = 0o755;
+/// FILETIME of the Unix epoch (100 ns ticks since 1601-01-01).
+const FILETIME_UNIX_EPOCH: i64 = 116_444_736_000_000_000;
+const FILE_ATTRIBUTE_READONLY: u32 = 0x1;
+const FILE_ATTRIBUTE_ARCHIVE: u32 = 0x20;
+const FILE_ATTRIBUTE_NORMAL: u32 = 0x80;
+/// Allocation unit reported to clients.
+const BLOCK: u64 = 4096;
+
+/// The one mapping of engine errors to SMB errors (and so to NTSTATUS).
+pub fn smb_error(e: Error) -> SmbError {
+    match e {
+        Error::NotFound | Error::Stale => SmbError::NotFound,
+        Error::Exists => SmbError::Exists,
+        Error::NotDir => SmbError::NotADirectory,
+        Error::IsDir => SmbError::IsDirectory,
+        Error::NotEmpty => SmbError::NotEmpty,
+        Error::PermissionDenied | Error::Unauthenticated => SmbError::AccessDenied,
+        Error::InvalidName(_) => SmbError::NameInvalid,
+        Error::NoSpace(_) => SmbError::DiskFull,
+        Error::NotSupported(_) | Error::NotSymlink => SmbError::NotSupported,
+        Error::InvalidArgument(m) => SmbError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, m)),
+        Error::FileTooLarge => SmbError::DiskFull,
+        Error::TooManyLinks => SmbError::AccessDenied,
+        Error::Busy(_) => SmbError::Sharing,
+        Error::ReadOnly(_) => SmbError::AccessDenied,
+        e @ (Error::Unavailable(_) | Error::Io(_) | Error::Corrupt(_) | Error::Metadata(_)) => {
+            SmbError::Io(std::io::Error::other(e.to_string()))
+        }
+    }
+}
+
+fn filetime(ns: i64) -> u64 {
+    (ns.div_euclid(100) + FILETIME_UNIX_EPOCH).max(0) as u64
+}
+
+fn unix_ns(filetime: u64) -> i64 {
+    (filetime as i64 - FILETIME_UNIX_EPOCH).saturating_mul(100)
+}
+
+fn file_info(name: &str, a: &Attr) -> FileInfo {
+    let mut info = FileInfo::new(name);
+    info.is_directory = a.kind == FileKind::Dir;
+    info.end_of_file = if info.is_directory { 0 } else { a.size };
+    info.allocation_size = info.end_of_file.div_ceil(BLOCK) * BLOCK;
+    info.creation_time = filetime(a.btime_ns);
+    info.last_access_time = filetime(a.atime_ns);
+    info.last_write_time = filetime(a.mtime_ns);
+    info.change_time = filetime(a.ctime_ns);
+    // The owner's write bit is the DOS read-only attribute, as Samba maps it.
+    info.read_only = !info.is_directory && a.mode & 0o200 == 0;
+    info.file_index = a.ino;
+    info
+}
+
+/// Runs blocking engine work off the async runtime.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> SmbResult<T> + Send + 'static) -> SmbResult<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| SmbError::Io(std::io::Error::other(e)))?
+}
+
+/// One share: a directory of the namespace.
+pub struct EngineShare {
+    engine: Arc<Engine>,
+    /// The share's root in the namespace, `/`-separated, without a trailing `/`.
+    root: String,
+    read_only: bool,
+    /// Sessions without an account (guest, anonymous) act as `Caller::anonymous()`.
+    guest: bool,
+}
+
+impl EngineShare {
+    pub fn new(engine: Arc<Engine>, path: &str, read_only: bool, guest: bool) -> EngineShare {
+        let root = path.split('/').filter(|c| !c.is_empty()).collect::<Vec<_>>().join("/");
+        EngineShare { engine, root, read_only, guest }
+    }
+
+    /// Where `path` lies in the namespace.
+    fn full(&self, path: &SmbPath) -> String {
+        let mut s = self.root.clone();
+        for c in path.components() {
+            if !s.is_empty() {
+                s.push('/');
+            }
+            s.push_str(c);
+        }
+        s
+    }
+}
+
+/// The engine caller for the session whose request is being served. Outside a request (an
+/// open closed at connection teardown) nobody is acting, and nothing is allowed.
+fn request_caller(engine: &Engine, guest: bool) -> SmbResult<Caller> {
+    match smb_server::request_identity() {
+        Some(Identity::User { user, .. }) => engine.caller_for_user(&user).map_err(|_| SmbError::AccessDenied),
+        Some(Identity::Anonymous) if guest => Ok(Caller::anonymous()),
+        _ => Err(SmbError::AccessDenied),
+    }
+}
+
+/// Resolves the directory holding `path`'s last component: a missing or non-directory
+/// component on the way is STATUS_OBJECT_PATH_NOT_FOUND, as Windows answers.
+fn resolve_dir(engine: &Engine, caller: &Caller, dir: &str) -> SmbResult<Attr> {
+    match engine.resolve(caller, dir) {
+        Ok(a) if a.kind == FileKind::Dir => Ok(a),
+        Ok(_) | Err(Error::NotFound | Error::NotDir) => Err(SmbError::PathNotFound),
+        Err(e) => Err(smb_error(e)),
+    }
+}
+
+fn split(full: &str) -> (&str, &str) {
+    match full.rfind('/') {
+        Some(i) => (&full[..i], &full[i + 1..]),
+        None => ("", full),
+    }
+}
+
+/// Looks up `name` in `parent`: `None` when it does not exist.
+fn lookup(engine: &Engine, caller: &Caller, parent: Ino, name: &str) -> SmbResult<Option<Attr>> {
+    match engine.lookup(caller, parent, name.as_bytes()) {
+        Ok(a) => Ok(Some(a)),
+        Err(Error::NotFound) => Ok(None),
+        Err(e) => Err(smb_error(e)),
+    }
+}
+
+fn open_blocking(engine: &Arc<Engine>, caller: &Caller, full: &str, root: bool, opts: OpenOptions) -> SmbResult<(Attr, OpenAction)> {
+    let (attr, action) = if root {
+        let a = engine.resolve(caller, full).map_err(|e| match e {
+            Error::NotFound | Error::NotDir => SmbError::PathNotFound,
+            e => smb_error(e),
+        })?;
+        (a, OpenAction::Opened)
+    } else {
+        let (dir, name) = split(full);
+        let parent = resolve_dir(engine, caller, dir)?;
+        let existing = lookup(engine, caller, parent.ino, name)?;
+        let create = |engine: &Engine| -> SmbResult<Attr> {
+            let made = if opts.directory {
+                engine.mkdir(caller, parent.ino, name.as_bytes(), DIR_MODE)
+            } else {
+                engine.create(caller, parent.ino, name.as_bytes(), FILE_MODE, true)
+            };
+            made.map_err(smb_error)
+        };
+        match (opts.intent, existing) {
+            (OpenIntent::Create, Some(_)) => return Err(SmbError::Exists),
+            (OpenIntent::Open | OpenIntent::Truncate, None) => return Err(SmbError::NotFound),
+            (OpenIntent::Create | OpenIntent::OpenOrCreate | OpenIntent::OverwriteOrCreate, None) => {
+                (create(engine)?, OpenAction::Created)
+            }
+            (OpenIntent::Open | OpenIntent::OpenOrCreate, Some(a)) => (a, OpenAction::Opened),
+            (OpenIntent::Truncate | OpenIntent::OverwriteOrCreate, Some(a)) => {
+                if a.kind == FileKind::Dir {
+                    return Err(SmbError::IsDirectory);
+                }
+                let a = engine
+                    .setattr(caller, a.ino, SetAttr { size: Some(0), ..Default::default() })
+                    .map_err(smb_error)?;
+                (a, OpenAction::Overwritten)
+            }
+            // OpenIntent is non-exhaustive: a disposition added upstream is refused until mapped.
+            _ => return Err(SmbError::NotSupported),
+        }
+    };
+    let is_dir = attr.kind == FileKind::Dir;
+    if opts.directory && !is_dir {
+        return Err(SmbError::NotADirectory);
+    }
+    if opts.non_directory && is_dir {
+        return Err(SmbError::IsDirectory);
+    }
+    if !is_dir && action == OpenAction::Opened {
+        // Data access is checked at open, as Windows does, not at the first READ or WRITE.
+        let want = if opts.write { 2 } else { 0 } | if opts.read { 4 } else { 0 };
+        let granted = engine.access(caller, attr.ino, want).map_err(smb_error)?;
+        if granted != want {
+            return Err(SmbError::AccessDenied);
+        }
+    }
+    Ok((attr, action))
+}
+
+#[async_trait]
+impl ShareBackend for EngineShare {
+    async fn open(&self, path: &SmbPath, opts: OpenOptions) -> SmbResult<(Box<dyn Handle>, OpenAction)> {
+        let engine = self.engine.clone();
+        let caller = request_caller(&engine, self.guest)?;
+        let full = self.full(path);
+        let root = path.is_root();
+        let name = path.file_name().unwrap_or_default().to_string();
+        let (attr, action, caller) = blocking(move || {
+            let (attr, action) = open_blocking(&engine, &caller, &full, root, opts)?;
+            Ok((attr, action, caller))
+        })
+        .await?;
+        let handle = EngineHandle {
+            engine: self.engine.clone(),
+            caller,
+            ino: attr.ino,
+            name,
+            is_dir: attr.kind == FileKind::Dir,
+            case_sensitive: true,
+            wrote: AtomicBool::new(false),
+        };
+        Ok((Box::new(handle), action))
+    }
+
+    async fn unlink(&self, path: &SmbPath) -> SmbResult<()> {
+        let engine = self.engine.clone();
+        let caller = request_caller(&engine, self.guest)?;
+        let full = self.full(path);
+        if path.is_root() {
+            return Err(SmbError::AccessDenied);
+        }
+        blocking(move || {
+            let (dir, name) = split(&full);
+            let parent = resolve_dir(&engine, &caller, dir)?;
+            let a = lookup(&engine, &caller, parent.ino, name)?.ok_or(SmbError::NotFound)?;
+            let r = if a.kind == FileKind::Dir {
+                engine.rmdir(&caller, parent.ino, name.as_bytes())
+            } else {
+                engine.unlink(&caller, parent.ino, name.as_bytes())
+            };
+            r.map_err(smb_error)
+        })
+        .await
+    }
+
+    async fn rename(&self, from: &SmbPath, to: &SmbPath, replace_if_exists: bool) -> SmbResult<()> {
+        if from.is_root() || to.is_root() {
+            return Err(SmbError::AccessDenied);
+        }
+        let engine = self.engine.clone();
+        let caller = request_caller(&engine, self.guest)?;
+        let (from, to) = (self.full(from), self.full(to));
+        blocking(move || {
+            let (from_dir, from_name) = split(&from);
+            let (to_dir, to_name) = split(&to);
+            let from_parent = resolve_dir(&engine, &caller, from_dir)?;
+            let source = lookup(&engine, &caller, from_parent.ino, from_name)?.ok_or(SmbError::NotFound)?;
+            let to_parent = resolve_dir(&engine, &caller, to_dir)?;
+            if let Some(target) = lookup(&engine, &caller, to_parent.ino, to_name)? {
+                if target.ino != source.ino {
+                    if target.kind == FileKind::Dir {
+                        return Err(SmbError::AccessDenied);
+                    }
+                    if !replace_if_exists {
+                        return Err(SmbError::Exists);
+                    }
+                }
+            }
+            engine
+                .rename(&caller, from_parent.ino, from_name.as_bytes(), to_parent.ino, to_name.as_bytes())
+                .map_err(smb_error)
+        })
+        .await
+    }
+
+    fn capabilities(&self) -> BackendCapabilities {
+        let mut c = BackendCapabilities::default();
+        c.is_read_only = self.read_only;
+        // The namespace is shared with NFS, S3 and SFTP, where `a` and `A` are two files.
+        c.case_sensitive = true;
+        c
+    }
+
+    async fn volume_info(&self) -> SmbResult<VolumeInfo> {
+        let engine = self.engine.clone();
+        let fs = blocking(move || engine.statfs(&Caller::system()).map_err(smb_error)).await?;
+        let mut v = VolumeInfo::default();
+        v.total_allocation_units = fs.total_bytes / BLOCK;
+        v.caller_available_allocation_units = fs.free_bytes / BLOCK;
+        v.actual_available_allocation_units = fs.free_bytes / BLOCK;
+        v.sectors_per_allocation_unit = 1;
+        v.bytes_per_sector = BLOCK as u32;
+        v.max_name_length = fs.name_bytes_max;
+        Ok(v)
+    }
+}
+
+/// An open file or directory: an inode and the caller who opened it.
+struct EngineHandle {
+    engine: Arc<Engine>,
+    caller: Caller,
+    ino: Ino,
+    name: String,
+    is_dir: bool,
+    case_sensitive: bool,
+    wrote: AtomicBool,
+}
+
+impl EngineHandle {
+    async fn with<T: Send + 'static>(&self, f: impl FnOnce(&Engine, &Caller, Ino) -> storage_engine::Result<T> + Send + 'static) -> SmbResult<T> {
+        let (engine, caller, ino) = (self.engine.clone(), self.caller.clone(), self.ino);
+        blocking(move || f(&engine, &caller, ino).map_err(smb_error)).await
+    }
+}
+
+#[async_trait]
+impl Handle for EngineHandle {
+    async fn read(&self, offset: u64, len: u32) -> SmbResult<Bytes> {
+        if self.is_dir {
+            return Err(SmbError::IsDirectory);
+        }
+        self.with(move |e, c, ino| e.read(c, ino, offset, len as usize)).await.map(Bytes::from)
+    }
+
+    async fn write(&self, offset: u64, data: &[u8]) -> SmbResult<u32> {
+        self.write_owned(offset, data.to_vec()).await
+    }
+
+    async fn write_owned(&self, offset: u64, data: Vec<u8>) -> SmbResult<u32> {
+        if self.is_dir {
+            return Err(SmbError::IsDirectory);
+        }
+        let n = u32::try_from(data.len()).map_err(|_| SmbError::NotSupported)?;
+        self.wrote.store(true, Ordering::Relaxed);
+        // Unstable: collected in the engine's write buffer and flushed in whole stripes; FLUSH
+        // (fsync on the client) commits, CLOSE flushes.
+        self.with(move |e, c, ino| e.write(c, ino, offset, &data, Stability::Unstable)).await?;
+        Ok(n)
+    }
+
+    async fn flush(&self) -> SmbResult<()> {
+        if self.is_dir {
+            return Ok(());
+        }
+        self.with(|e, c, ino| e.commit(c, ino)).await
+    }
+
+    async fn stat(&self) -> SmbResult<FileInfo> {
+        let attr = self.with(|e, c, ino| e.getattr(c, ino)).await?;
+        Ok(file_info(&self.name, &attr))
+    }
+
+    async fn set_times(&self, times: FileTimes) -> SmbResult<()> {
+        let set = SetAttr {
+            atime: times.last_access_time.map(|t| TimeSet::At(unix_ns(t))),
+            mtime: times.last_write_time.map(|t| TimeSet::At(unix_ns(t))),
+            ..Default::default()
+        };
+        // Creation and change times are the engine's own (btime at creation, ctime on change).
+        if set.atime.is_none() && set.mtime.is_none() {
+            return Ok(());
+        }
+        self.with(move |e, c, ino| e.setattr(c, ino, set)).await.map(|_| ())
+    }
+
+    async fn set_attributes(&self, attributes: u32) -> SmbResult<()> {
+        if attributes & !(FILE_ATTRIBUTE_READONLY | FILE_ATTRIBUTE_ARCHIVE | FILE_ATTRIBUTE_NORMAL) != 0 {
+            return Err(SmbError::NotSupported);
+        }
+        if self.is_dir {
+            return if attributes & FILE_ATTRIBUTE_READONLY != 0 { Err(SmbError::NotSupported) } else { Ok(()) };
+        }
+        let read_only = attributes & FILE_ATTRIBUTE_READONLY != 0;
+        self.with(move |e, c, ino| {
+            let a = e.getattr(c, ino)?;
+            let mode = if read_only { a.mode & !0o222 } else { a.mode | 0o200 };
+            if mode != a.mode {
+                e.setattr(c, ino, SetAttr { mode: Some(mode), ..Default::default() })?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn truncate(&self, len: u64) -> SmbResult<()> {
+        self.with(move |e, c, ino| e.setattr(c, ino, SetAttr { size: Some(len), ..Default::default() })).await.map(|_| ())
+    }
+
+    async fn list_dir(&self, pattern: Option<&str>) -> SmbResult<Vec<DirEntry>> {
+        let pattern = pattern.filter(|p| *p != "*").map(str::to_string);
+        let ignore_case = !self.case_sensitive;
+        self.with(move |e, c, ino| {
+            let mut out = Vec::new();
+            let mut cursor: Option<Vec<u8>> = None;
+            loop {
+                let page = e.readdir(c, ino, cursor.as_deref(), READDIR_PAGE)?;
+                for entry in &page.entries {
+                    // Names that are not UTF-8 have no SMB spelling; NFS clients still see them.
+                    let Ok(name) = std::str::from_utf8(&entry.name) else { continue };
+                    if pattern.as_deref().is_some_and(|p| !smb_server::name_matches(p, name, ignore_case)) {
+                        continue;
+                    }
+                    match e.getattr(c, entry.ino) {
+                        Ok(a) => out.push(DirEntry { info: file_info(name, &a) }),
+                        Err(Error::NotFound | Error::Stale) => {}
+                        Err(err) => return Err(err),
+                    }
+                }
+                match page.next_cursor {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn close(self: Box<Self>) -> SmbResult<()> {
+        if self.wrote.load(Ordering::Relaxed) {
+            self.with(|e, c, ino| e.close(c, ino)).await?;
+        }
+        Ok(())
+    }
+
+    async fn link_count(&self) -> SmbResult<u32> {
+        match self.with(|e, c, ino| e.getattr(c, ino)).await {
+            Ok(a) => Ok(a.nlink),
+            Err(SmbError::NotFound) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn dir_is_empty(&self) -> SmbResult<bool> {
+        self.with(|e, c, ino| Ok(e.readdir(c, ino, None, 1)?.entries.is_empty())).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filetimes_round_trip_and_epoch_maps() {
+        assert_eq!(filetime(0), FILETIME_UNIX_EPOCH as u64);
+        let ns = 1_700_000_000_123_456_700;
+        assert_eq!(unix_ns(filetime(ns)), ns);
+        // Before 1970 counts back from the Unix epoch; the engine's earliest time is after 1601.
+        assert_eq!(filetime(-100), FILETIME_UNIX_EPOCH as u64 - 1);
+        assert!(filetime(i64::MIN) > 0);
+    }
+
+    #[test]
+    fn every_engine_error_has_a_status() {
+        assert_eq!(smb_error(Error::NotFound).to_nt_status(), 0xC000_0034);
+        assert_eq!(smb_error(Error::PermissionDenied).to_nt_status(), 0xC000_0022);
+        assert_eq!(smb_error(Error::NotEmpty).to_nt_status(), 0xC000_0101);
+        assert_eq!(smb_error(Error::Exists).to_nt_status(), 0xC000_0035);
+        assert_eq!(smb_error(Error::NoSpace("x".into())).to_nt_status(), 0xC000_007F);
+    }
+
+    #[test]
+    fn share_paths_join_under_the_share_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 64 << 20, 4, 2)).unwrap();
+        let s = EngineShare::new(engine.clone(), "/projects/a/", false, false);
+        let p: SmbPath = "x\\y.txt".parse().unwrap();
+        assert_eq!(s.full(&p), "projects/a/x/y.txt");
+        assert_eq!(s.full(&SmbPath::root()), "projects/a");
+        assert_eq!(EngineShare::new(engine.clone(), "/", false, false).full(&p), "x/y.txt");
+        // The only way a path reaches the backend is an SmbPath, and none climbs out.
+        for bad in ["..", "..\\etc", "a\\..\\..\\b", "a\\\\b", "a/../b"] {
+            assert!(bad.parse::<SmbPath>().is_err(), "{bad}");
+        }
+        engine.shutdown().unwrap();
+    }
+}

@@ -1,0 +1,259 @@
+//! SMB 2/3 end to end with Samba's own client (`smbclient -m SMB3`, apt `smbclient`) against
+//! real `aquifer serve` daemons: file operations with encryption off and on, shares from the
+//! configuration file, accounts from the REST API with the engine's permissions, and bad
+//! input (wrong passwords, malformed frames, paths leaving the share) that must leave the
+//! daemon serving and the namespace unchanged.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::*;
+
+fn smbclient(d: &Daemon, share: &str, user: &str, password: &str, encrypt: bool, commands: &str) -> Output {
+    smbclient_max(d, share, user, password, encrypt, commands, "SMB3")
+}
+
+fn smbclient_max(d: &Daemon, share: &str, user: &str, password: &str, encrypt: bool, commands: &str, max_protocol: &str) -> Output {
+    let port = d.smb.rsplit(':').next().expect("daemon serves SMB");
+    let mut c = Command::new("smbclient");
+    c.arg(format!("//127.0.0.1/{share}"))
+        .args(["-p", port, "-m", max_protocol, "-U", &format!("{user}%{password}"), "-c", commands])
+        // No smb.conf of the machine, no Kerberos attempt.
+        .args(["-s", "/dev/null", "--option=client use kerberos=off"]);
+    if encrypt {
+        c.arg("--option=client smb encrypt=required");
+    } else {
+        c.arg("--option=client smb encrypt=off");
+    }
+    c.output().unwrap_or_else(|e| panic!("run smbclient ({e}); install the Debian package smbclient (scripts/deps.sh does)"))
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn smb_ok(d: &Daemon, share: &str, encrypt: bool, commands: &str) -> String {
+    let o = smbclient(d, share, "admin", ADMIN_PASSWORD, encrypt, commands);
+    let t = text(&o);
+    assert!(o.status.success() && !t.contains("NT_STATUS_"), "smbclient {commands:?}: {}\n{t}", o.status);
+    t
+}
+
+fn rest_get(d: &Daemon, path: &str) -> reqwest::blocking::Response {
+    d.client().get(d.url(&format!("/api/v1/files/{path}"))).basic_auth("admin", Some(ADMIN_PASSWORD)).send().unwrap()
+}
+
+fn put_get_round_trip(d: &Daemon, encrypt: bool, work: &Path) {
+    let tag = if encrypt { "enc" } else { "plain" };
+    let data = bytes(if encrypt { 7 } else { 8 }, 5_000_000 + 4321);
+    let local = work.join(format!("{tag}.bin"));
+    std::fs::write(&local, &data).unwrap();
+    let back = work.join(format!("{tag}.back"));
+    let listing = smb_ok(
+        d,
+        "aquifer",
+        encrypt,
+        &format!(
+            "mkdir {tag}; put {} {tag}\\a.bin; rename {tag}\\a.bin {tag}\\b.bin; ls {tag}\\*; get {tag}\\b.bin {}",
+            local.display(),
+            back.display()
+        ),
+    );
+    let names: Vec<&str> = listing.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    assert!(names.contains(&"b.bin") && !names.contains(&"a.bin"), "{listing}");
+    assert!(listing.contains(&data.len().to_string()), "size in the listing: {listing}");
+    assert!(std::fs::read(&back).unwrap() == data, "{tag}: get returns what put wrote");
+    // The same bytes through REST: one namespace.
+    let r = rest_get(d, &format!("{tag}/b.bin"));
+    assert_eq!(r.status(), 200);
+    assert!(r.bytes().unwrap().as_ref() == &data[..], "{tag}: REST reads what SMB wrote");
+    smb_ok(d, "aquifer", encrypt, &format!("rm {tag}\\b.bin; rmdir {tag}"));
+    assert_eq!(rest_get(d, &format!("{tag}/b.bin")).status(), 404, "{tag}: rm removed it");
+    assert_eq!(rest_get(d, tag).status(), 404, "{tag}: rmdir removed it");
+}
+
+#[test]
+fn smbclient_file_operations_with_and_without_encryption() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&dir.path().join("data"), &["--drive-size", "64MiB"]);
+    put_get_round_trip(&d, false, work.path());
+    put_get_round_trip(&d, true, work.path());
+    d.stop();
+}
+
+#[test]
+fn shares_from_the_config_file_enforce_read_only_and_encryption() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let config = work.path().join("aquifer.toml");
+    std::fs::write(
+        &config,
+        "[listen]\nsmb = \"127.0.0.1:0\"\n\
+         [[shares]]\nname = \"all\"\npath = \"/\"\n\
+         [[shares]]\nname = \"proj\"\npath = \"/projects\"\n\
+         [[shares]]\nname = \"ro\"\npath = \"/projects\"\nread_only = true\n\
+         [[shares]]\nname = \"secret\"\npath = \"/projects\"\nencrypt = true\n",
+    )
+    .unwrap();
+    let d = Daemon::start(&dir.path().join("data"), &["--drive-size", "64MiB", "--config", config.to_str().unwrap()]);
+    let local = work.path().join("x.txt");
+    std::fs::write(&local, b"inside the share\n").unwrap();
+    smb_ok(&d, "all", false, &format!("mkdir projects; put {} outside.txt", local.display()));
+    smb_ok(&d, "proj", false, &format!("put {} x.txt", local.display()));
+    // The share's root is /projects: x.txt is there, outside.txt is not reachable.
+    assert_eq!(rest_get(&d, "projects/x.txt").status(), 200);
+    let ls = smb_ok(&d, "proj", false, "ls");
+    assert!(ls.contains("x.txt") && !ls.contains("outside.txt"), "{ls}");
+
+    // Read-only: reads work, writes are refused and change nothing.
+    let back = work.path().join("x.back");
+    smb_ok(&d, "ro", false, &format!("get x.txt {}", back.display()));
+    assert_eq!(std::fs::read(&back).unwrap(), b"inside the share\n");
+    let o = smbclient(&d, "ro", "admin", ADMIN_PASSWORD, false, &format!("put {} new.txt", local.display()));
+    assert!(text(&o).contains("NT_STATUS_ACCESS_DENIED") || text(&o).contains("NT_STATUS_MEDIA_WRITE_PROTECTED"), "{}", text(&o));
+    assert_eq!(rest_get(&d, "projects/new.txt").status(), 404);
+
+    // Encryption required: SMB 2.1 cannot encrypt and gets no tree (smbclient's SMB 3 turns
+    // encryption on by itself when the share asks); an encrypted SMB 3 session works.
+    let o = smbclient_max(&d, "secret", "admin", ADMIN_PASSWORD, false, "ls", "SMB2");
+    assert!(text(&o).contains("NT_STATUS_ACCESS_DENIED"), "{}", text(&o));
+    smb_ok(&d, "proj", false, "ls");
+    let ls = smb_ok(&d, "secret", true, "ls");
+    assert!(ls.contains("x.txt"), "{ls}");
+    d.stop();
+}
+
+/// Waits out the SMB user table's sync (every second) after an account change. Not a retry
+/// loop: failed logons count toward the server's lockout.
+fn smb_as(d: &Daemon, user: &str, password: &str, commands: &str) -> String {
+    text(&smbclient(d, "aquifer", user, password, false, commands))
+}
+
+fn account_sync() {
+    std::thread::sleep(Duration::from_millis(2500));
+}
+
+#[test]
+fn accounts_log_in_with_their_password_and_act_with_their_permissions() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&dir.path().join("data"), &["--drive-size", "64MiB"]);
+    let c = d.client();
+    let r = c
+        .post(d.url("/api/v1/users"))
+        .basic_auth("admin", Some(ADMIN_PASSWORD))
+        .json(&serde_json::json!({"name": "alice", "password": "alice-password-1"}))
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "create alice: {}", r.status());
+    account_sync();
+    // A home for alice, owned by her; the root stays admin's.
+    let local = work.path().join("a.txt");
+    std::fs::write(&local, b"alice's file\n").unwrap();
+    smb_ok(&d, "aquifer", false, "mkdir home; mkdir home\\alice");
+    let uid = c.get(d.url("/api/v1/users/alice")).basic_auth("admin", Some(ADMIN_PASSWORD)).send().unwrap().json::<serde_json::Value>().unwrap()["uid"].as_u64().unwrap();
+    // chown over SFTP (SMB has no POSIX owners to set).
+    let batch = work.path().join("batch");
+    std::fs::write(&batch, format!("chown {uid} /home/alice\n")).unwrap();
+    let o = Command::new("sshpass")
+        .args(["-p", ADMIN_PASSWORD, "sftp", "-o", "BatchMode=no", "-b", batch.to_str().unwrap(), "-P", d.sftp.rsplit(':').next().unwrap()])
+        .args(["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "PubkeyAuthentication=no", "admin@127.0.0.1"])
+        .output()
+        .expect("run sshpass sftp (Debian packages sshpass, openssh-client)");
+    assert!(o.status.success(), "chown home/alice: {}", text(&o));
+    let t = smb_as(&d, "alice", "alice-password-1", &format!("put {} home\\alice\\a.txt; ls home\\alice\\*", local.display()));
+    assert!(t.contains("a.txt") && !t.contains("NT_STATUS_"), "alice writes her home: {t}");
+    let t = smb_as(&d, "alice", "alice-password-1", &format!("put {} intruder.txt", local.display()));
+    assert!(t.contains("NT_STATUS_ACCESS_DENIED"), "alice may not write the admin's root: {t}");
+    assert_eq!(rest_get(&d, "intruder.txt").status(), 404);
+
+    // Wrong password: refused.
+    let t = smb_as(&d, "alice", "not-her-password", "ls");
+    assert!(t.contains("NT_STATUS_LOGON_FAILURE"), "{t}");
+    // A new password takes over from the old one.
+    let r = c
+        .patch(d.url("/api/v1/users/alice"))
+        .basic_auth("admin", Some(ADMIN_PASSWORD))
+        .json(&serde_json::json!({"password": "alice-password-2"}))
+        .send()
+        .unwrap();
+    assert!(r.status().is_success());
+    account_sync();
+    let t = smb_as(&d, "alice", "alice-password-2", "ls home\\alice\\*");
+    assert!(t.contains("a.txt"), "new password: {t}");
+    let t = smb_as(&d, "alice", "alice-password-1", "ls");
+    assert!(t.contains("NT_STATUS_LOGON_FAILURE"), "old password after the change: {t}");
+    // A deleted account cannot log in.
+    let r = c.delete(d.url("/api/v1/users/alice")).basic_auth("admin", Some(ADMIN_PASSWORD)).send().unwrap();
+    assert!(r.status().is_success());
+    account_sync();
+    let t = smb_as(&d, "alice", "alice-password-2", "ls");
+    assert!(t.contains("NT_STATUS_LOGON_FAILURE"), "deleted account: {t}");
+    // Guest is off: no anonymous or guest session reaches a share.
+    let t = text(&smbclient(&d, "aquifer", "guest", "", false, "ls"));
+    assert!(t.contains("NT_STATUS_"), "guest: {t}");
+    let o = Command::new("smbclient")
+        .args(["//127.0.0.1/aquifer", "-p", d.smb.rsplit(':').next().unwrap(), "-m", "SMB3", "-N", "-s", "/dev/null", "-c", "ls"])
+        .output()
+        .unwrap();
+    assert!(text(&o).contains("NT_STATUS_"), "anonymous: {}", text(&o));
+    d.stop();
+}
+
+/// Sends `frame` on a fresh connection and reads until the server closes it or answers.
+fn send_raw(addr: &str, frame: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(40))).unwrap();
+    let _ = s.write_all(frame);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    out
+}
+
+#[test]
+fn bad_input_gets_an_error_or_a_closed_connection_and_the_daemon_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&dir.path().join("data"), &["--drive-size", "64MiB"]);
+    smb_ok(&d, "aquifer", false, "mkdir keep");
+
+    // A NetBIOS length of 16 MiB, with nothing behind it.
+    assert!(send_raw(&d.smb, &[0x00, 0xff, 0xff, 0xff]).is_empty(), "oversized length");
+    // A session message type that is not 0, a header cut short, garbage where the SMB2 magic
+    // should be.
+    send_raw(&d.smb, &[0x85, 0, 0, 0]);
+    let truncated = [&[0u8, 0, 0, 20][..], &[0xfe, b'S', b'M', b'B', 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0][..]].concat();
+    let r = send_raw(&d.smb, &truncated);
+    assert!(r.is_empty(), "truncated header must close the connection, got {} bytes", r.len());
+    let mut garbage = vec![0u8, 0, 1, 0];
+    garbage.extend(bytes(3, 256));
+    assert!(send_raw(&d.smb, &garbage).is_empty(), "garbage");
+
+    // Paths leaving the share: smbclient folds `..` itself, so this reaches the server as
+    // \etc\passwd inside the share (the server's path parser refuses `..` outright).
+    let t = text(&smbclient(&d, "aquifer", "admin", ADMIN_PASSWORD, false, "get ..\\..\\etc\\passwd /dev/null"));
+    assert!(t.contains("NT_STATUS_OBJECT_PATH_NOT_FOUND") || t.contains("NT_STATUS_OBJECT_NAME_INVALID"), "{t}");
+    // Missing files and directories get the Windows statuses.
+    let t = text(&smbclient(&d, "aquifer", "admin", ADMIN_PASSWORD, false, "get nothing-here /dev/null"));
+    assert!(t.contains("NT_STATUS_OBJECT_NAME_NOT_FOUND"), "{t}");
+    let t = text(&smbclient(&d, "aquifer", "admin", ADMIN_PASSWORD, false, "get no-dir\\x /dev/null"));
+    assert!(t.contains("NT_STATUS_OBJECT_PATH_NOT_FOUND"), "{t}");
+    let t = text(&smbclient(&d, "aquifer", "admin", "wrong-password", false, "ls"));
+    assert!(t.contains("NT_STATUS_LOGON_FAILURE"), "{t}");
+
+    // Still serving, and nothing changed.
+    let ls = smb_ok(&d, "aquifer", false, "ls");
+    assert!(ls.contains("keep"), "{ls}");
+    let local = work.path().join("after.txt");
+    std::fs::write(&local, b"after the bad input\n").unwrap();
+    smb_ok(&d, "aquifer", true, &format!("put {} keep\\after.txt", local.display()));
+    assert_eq!(rest_get(&d, "keep/after.txt").bytes().unwrap().as_ref(), b"after the bad input\n");
+    d.stop();
+}
