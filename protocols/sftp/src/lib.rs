@@ -1,8 +1,9 @@
 //! Aquifer's SFTP adapter (SFTP version 3 over SSH, `russh` + `russh-sftp`).
 //!
-//! Users log in with the password of their Aquifer account; every file operation runs in the
-//! engine as that user. Paths are resolved from the namespace root: `..` at the root stays
-//! at the root, so no path leads outside the namespace.
+//! Users log in with the password of their Aquifer account or a registered SSH key; every
+//! file operation runs in the engine as that user. Paths are resolved from the namespace root,
+//! or from the user's chroot directory when an admin set one ([`set_chroot`]): `..` at the
+//! root stays at the root and symlink targets resolve inside it, so no path leads out.
 
 mod session;
 
@@ -13,7 +14,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use russh::keys::PrivateKey;
 use russh::server::Config;
-use storage_engine::Engine;
+use storage_engine::{Caller, Engine, Error, FileKind, Ino, ROOT_INO};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tracing::{debug, info};
@@ -35,6 +36,55 @@ impl SftpOptions {
     pub fn new(host_key_path: impl Into<PathBuf>) -> SftpOptions {
         SftpOptions { host_key_path: host_key_path.into(), idle_timeout_s: 3600, auth_rejection_delay_ms: 1000 }
     }
+}
+
+/// Engine settings namespace of per-user SFTP chroots: key = user name, value = the absolute
+/// path (UTF-8) of the directory the user sees as `/`.
+pub const CHROOT_SETTING: &str = "sftp.chroot";
+
+/// Confines `user`'s SFTP sessions to the directory at `path` (`Some`), or lifts that
+/// (`None`). Admin only. The path must name an existing directory; it is stored normalised
+/// and resolved again at each session start (a session of a user whose chroot no longer
+/// resolves to a directory is refused). Sessions already open keep the root they started with.
+pub fn set_chroot(engine: &Engine, caller: &Caller, user: &str, path: Option<&str>) -> Result<(), Error> {
+    engine.caller_for_user(user)?;
+    match path {
+        None => match engine.setting_delete(caller, CHROOT_SETTING, user) {
+            Err(Error::NotFound) => Ok(()),
+            r => r,
+        },
+        Some(p) => {
+            if !p.starts_with('/') {
+                return Err(Error::InvalidArgument("an SFTP chroot must be an absolute path".into()));
+            }
+            let norm = session::join(&session::components(p));
+            let a = engine.resolve(&Caller::system(), &norm)?;
+            if a.kind != FileKind::Dir {
+                return Err(Error::NotDir);
+            }
+            engine.setting_put(caller, CHROOT_SETTING, user, norm.as_bytes())
+        }
+    }
+}
+
+/// `user`'s SFTP chroot, if an admin set one.
+pub fn chroot_of(engine: &Engine, user: &str) -> Result<Option<String>, Error> {
+    match engine.setting_get(CHROOT_SETTING, user)? {
+        None => Ok(None),
+        Some(v) => String::from_utf8(v).map(Some).map_err(|_| Error::Corrupt("SFTP chroot setting is not UTF-8".into())),
+    }
+}
+
+/// The directory a session of `caller` sees as `/`.
+pub(crate) fn session_root(engine: &Engine, caller: &Caller) -> Result<Ino, Error> {
+    let Some(path) = chroot_of(engine, &caller.user)? else {
+        return Ok(ROOT_INO);
+    };
+    let a = engine.resolve(&Caller::system(), &path)?;
+    if a.kind != FileKind::Dir {
+        return Err(Error::NotDir);
+    }
+    Ok(a.ino)
 }
 
 /// Loads the host key at `path`, or generates one and stores it there (mode 0600).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use russh::server::{Auth, Msg, Session};
 use russh::{Channel, ChannelId};
 use russh_sftp::protocol::{Attrs, Data, ExtendedReply, File, FileAttributes, Handle, Name, OpenFlags, Packet, Status, StatusCode, Version};
-use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ROOT_INO, SetAttr, Stability, StatFs, TimeSet};
+use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, SetAttr, Stability, StatFs, TimeSet};
 use tracing::info;
 
 /// Open file and directory handles per SFTP session.
@@ -111,8 +111,19 @@ impl russh::server::Handler for SshSession {
     async fn subsystem_request(&mut self, channel_id: ChannelId, name: &str, session: &mut Session) -> Result<(), Self::Error> {
         match (name, self.caller.clone(), self.channels.remove(&channel_id)) {
             ("sftp", Some(caller), Some(channel)) => {
+                // A user with a chroot whose directory cannot be resolved gets no session at
+                // all rather than the whole namespace.
+                let (engine, c) = (self.engine.clone(), caller.clone());
+                let root = match tokio::task::spawn_blocking(move || crate::session_root(&engine, &c)).await? {
+                    Ok(root) => root,
+                    Err(e) => {
+                        info!(peer = %self.peer, user = %caller.user, "SFTP refused: chroot not usable: {e}");
+                        session.channel_failure(channel_id)?;
+                        return Ok(());
+                    }
+                };
                 session.channel_success(channel_id)?;
-                let sftp = SftpSession { engine: self.engine.clone(), caller, handles: HashMap::new(), next_handle: 0 };
+                let sftp = SftpSession { engine: self.engine.clone(), caller, root, handles: HashMap::new(), next_handle: 0 };
                 russh_sftp::server::run(channel.into_stream(), sftp).await;
             }
             _ => session.channel_failure(channel_id)?,
@@ -129,6 +140,8 @@ enum Open {
 struct SftpSession {
     engine: Arc<Engine>,
     caller: Caller,
+    /// The directory this session sees as `/`: the namespace root, or the user's chroot.
+    root: Ino,
     handles: HashMap<String, Open>,
     next_handle: u64,
 }
@@ -147,7 +160,7 @@ fn ok(id: u32) -> Status {
 }
 
 /// Lexically normalised absolute path components; `..` at the root stays at the root.
-fn components(path: &str) -> Vec<String> {
+pub(crate) fn components(path: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for c in path.split('/') {
         match c {
@@ -161,7 +174,7 @@ fn components(path: &str) -> Vec<String> {
     out
 }
 
-fn join(comps: &[String]) -> String {
+pub(crate) fn join(comps: &[String]) -> String {
     format!("/{}", comps.join("/"))
 }
 
@@ -218,12 +231,14 @@ fn setattr_of(a: &FileAttributes) -> SetAttr {
     }
 }
 
-/// Resolves a path from the root, following symlinks in every component but the last (and
-/// in the last too when `follow_last`). Targets resolve inside the namespace like any path.
-fn walk(engine: &Engine, caller: &Caller, path: &str, follow_last: bool) -> Result<Attr, Error> {
+/// Resolves a path from the session's root directory `root` (the namespace root, or the
+/// user's chroot), following symlinks in every component but the last (and in the last too
+/// when `follow_last`). Targets resolve inside the root like any path: `..` stops at the
+/// root and an absolute target starts from it, so no path leads out.
+fn walk(engine: &Engine, caller: &Caller, root: Ino, path: &str, follow_last: bool) -> Result<Attr, Error> {
     let mut pending: Vec<String> = components(path);
     pending.reverse();
-    let mut stack: Vec<Attr> = vec![engine.getattr(caller, ROOT_INO)?];
+    let mut stack: Vec<Attr> = vec![engine.getattr(caller, root)?];
     let mut hops = 0;
     while let Some(name) = pending.pop() {
         if name == ".." {
@@ -263,10 +278,10 @@ fn walk(engine: &Engine, caller: &Caller, path: &str, follow_last: bool) -> Resu
 impl SftpSession {
     async fn run<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Engine, &Caller) -> Result<T, Error> + Send + 'static,
+        f: impl FnOnce(&Engine, &Caller, Ino) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, StatusCode> {
-        let (engine, caller) = (self.engine.clone(), self.caller.clone());
-        match tokio::task::spawn_blocking(move || f(&engine, &caller)).await {
+        let (engine, caller, root) = (self.engine.clone(), self.caller.clone(), self.root);
+        match tokio::task::spawn_blocking(move || f(&engine, &caller, root)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(code(&e)),
             Err(_) => Err(StatusCode::Failure),
@@ -292,10 +307,10 @@ impl SftpSession {
 }
 
 /// Splits a path into its parent (resolved, following symlinks) and last name.
-fn parent_and_name(engine: &Engine, caller: &Caller, path: &str) -> Result<(Attr, String), Error> {
+fn parent_and_name(engine: &Engine, caller: &Caller, root: Ino, path: &str) -> Result<(Attr, String), Error> {
     let mut comps = components(path);
     let name = comps.pop().ok_or_else(|| Error::InvalidArgument("the root has no parent".into()))?;
-    let parent = walk(engine, caller, &join(&comps), true)?;
+    let parent = walk(engine, caller, root, &join(&comps), true)?;
     if parent.kind != FileKind::Dir {
         return Err(Error::NotDir);
     }
@@ -324,18 +339,18 @@ impl russh_sftp::server::Handler for SftpSession {
         let truncate = pflags.contains(OpenFlags::TRUNCATE);
         let append = pflags.contains(OpenFlags::APPEND);
         let ino = self
-            .run(move |e, c| {
+            .run(move |e, c, root| {
                 let attr = if create {
-                    let (parent, name) = parent_and_name(e, c, &filename)?;
+                    let (parent, name) = parent_and_name(e, c, root, &filename)?;
                     match e.lookup(c, parent.ino, name.as_bytes()) {
-                        Ok(a) if a.kind == FileKind::Symlink && !exclusive => walk(e, c, &filename, true)?,
+                        Ok(a) if a.kind == FileKind::Symlink && !exclusive => walk(e, c, root, &filename, true)?,
                         Ok(_) if exclusive => return Err(Error::Exists),
                         Ok(a) => a,
                         Err(Error::NotFound) => e.create(c, parent.ino, name.as_bytes(), mode, exclusive)?,
                         Err(err) => return Err(err),
                     }
                 } else {
-                    walk(e, c, &filename, true)?
+                    walk(e, c, root, &filename, true)?
                 };
                 if attr.kind == FileKind::Dir {
                     return Err(Error::IsDir);
@@ -353,7 +368,7 @@ impl russh_sftp::server::Handler for SftpSession {
     async fn close(&mut self, id: u32, handle: String) -> Result<Status, Self::Error> {
         match self.handles.remove(&handle) {
             Some(Open::File { ino, .. }) => {
-                self.run(move |e, c| e.close(c, ino)).await?;
+                self.run(move |e, c, _| e.close(c, ino)).await?;
                 Ok(ok(id))
             }
             Some(Open::Dir { .. }) => Ok(ok(id)),
@@ -364,7 +379,7 @@ impl russh_sftp::server::Handler for SftpSession {
     async fn read(&mut self, id: u32, handle: String, offset: u64, len: u32) -> Result<Data, Self::Error> {
         let (ino, _) = self.file_ino(&handle)?;
         let len = len.min(READ_BYTES_MAX) as usize;
-        let data = self.run(move |e, c| e.read(c, ino, offset, len)).await?;
+        let data = self.run(move |e, c, _| e.read(c, ino, offset, len)).await?;
         if data.is_empty() && len > 0 {
             return Err(StatusCode::Eof);
         }
@@ -373,7 +388,7 @@ impl russh_sftp::server::Handler for SftpSession {
 
     async fn write(&mut self, id: u32, handle: String, offset: u64, data: Vec<u8>) -> Result<Status, Self::Error> {
         let (ino, append) = self.file_ino(&handle)?;
-        self.run(move |e, c| {
+        self.run(move |e, c, _| {
             let off = if append { e.getattr(c, ino)?.size } else { offset };
             e.write(c, ino, off, &data, Stability::Unstable).map(|_| ())
         })
@@ -382,12 +397,12 @@ impl russh_sftp::server::Handler for SftpSession {
     }
 
     async fn lstat(&mut self, id: u32, path: String) -> Result<Attrs, Self::Error> {
-        let a = self.run(move |e, c| walk(e, c, &path, false)).await?;
+        let a = self.run(move |e, c, root| walk(e, c, root, &path, false)).await?;
         Ok(Attrs { id, attrs: attrs_of(&a) })
     }
 
     async fn stat(&mut self, id: u32, path: String) -> Result<Attrs, Self::Error> {
-        let a = self.run(move |e, c| walk(e, c, &path, true)).await?;
+        let a = self.run(move |e, c, root| walk(e, c, root, &path, true)).await?;
         Ok(Attrs { id, attrs: attrs_of(&a) })
     }
 
@@ -396,14 +411,14 @@ impl russh_sftp::server::Handler for SftpSession {
             Some(Open::File { ino, .. }) | Some(Open::Dir { ino, .. }) => *ino,
             None => return Err(StatusCode::Failure),
         };
-        let a = self.run(move |e, c| e.getattr(c, ino)).await?;
+        let a = self.run(move |e, c, _| e.getattr(c, ino)).await?;
         Ok(Attrs { id, attrs: attrs_of(&a) })
     }
 
     async fn setstat(&mut self, id: u32, path: String, attrs: FileAttributes) -> Result<Status, Self::Error> {
         let set = setattr_of(&attrs);
-        self.run(move |e, c| {
-            let a = walk(e, c, &path, true)?;
+        self.run(move |e, c, root| {
+            let a = walk(e, c, root, &path, true)?;
             e.setattr(c, a.ino, set).map(|_| ())
         })
         .await?;
@@ -413,12 +428,12 @@ impl russh_sftp::server::Handler for SftpSession {
     async fn fsetstat(&mut self, id: u32, handle: String, attrs: FileAttributes) -> Result<Status, Self::Error> {
         let (ino, _) = self.file_ino(&handle)?;
         let set = setattr_of(&attrs);
-        self.run(move |e, c| e.setattr(c, ino, set).map(|_| ())).await?;
+        self.run(move |e, c, _| e.setattr(c, ino, set).map(|_| ())).await?;
         Ok(ok(id))
     }
 
     async fn opendir(&mut self, id: u32, path: String) -> Result<Handle, Self::Error> {
-        let a = self.run(move |e, c| walk(e, c, &path, true)).await?;
+        let a = self.run(move |e, c, root| walk(e, c, root, &path, true)).await?;
         if a.kind != FileKind::Dir {
             return Err(StatusCode::Failure);
         }
@@ -433,7 +448,7 @@ impl russh_sftp::server::Handler for SftpSession {
             _ => return Err(StatusCode::Failure),
         };
         let (entries, next) = self
-            .run(move |e, c| {
+            .run(move |e, c, _| {
                 let page = e.readdir(c, ino, cursor.as_deref(), READDIR_ENTRIES)?;
                 let mut out = Vec::with_capacity(page.entries.len());
                 for d in page.entries {
@@ -456,8 +471,8 @@ impl russh_sftp::server::Handler for SftpSession {
     }
 
     async fn remove(&mut self, id: u32, filename: String) -> Result<Status, Self::Error> {
-        self.run(move |e, c| {
-            let (p, n) = parent_and_name(e, c, &filename)?;
+        self.run(move |e, c, root| {
+            let (p, n) = parent_and_name(e, c, root, &filename)?;
             e.unlink(c, p.ino, n.as_bytes())
         })
         .await?;
@@ -466,8 +481,8 @@ impl russh_sftp::server::Handler for SftpSession {
 
     async fn mkdir(&mut self, id: u32, path: String, attrs: FileAttributes) -> Result<Status, Self::Error> {
         let mode = attrs.permissions.map_or(0o755, |p| p & 0o7777);
-        self.run(move |e, c| {
-            let (p, n) = parent_and_name(e, c, &path)?;
+        self.run(move |e, c, root| {
+            let (p, n) = parent_and_name(e, c, root, &path)?;
             e.mkdir(c, p.ino, n.as_bytes(), mode).map(|_| ())
         })
         .await?;
@@ -475,8 +490,8 @@ impl russh_sftp::server::Handler for SftpSession {
     }
 
     async fn rmdir(&mut self, id: u32, path: String) -> Result<Status, Self::Error> {
-        self.run(move |e, c| {
-            let (p, n) = parent_and_name(e, c, &path)?;
+        self.run(move |e, c, root| {
+            let (p, n) = parent_and_name(e, c, root, &path)?;
             e.rmdir(c, p.ino, n.as_bytes())
         })
         .await?;
@@ -490,9 +505,9 @@ impl russh_sftp::server::Handler for SftpSession {
 
     /// SFTP v3 RENAME does not replace an existing target (draft-ietf-secsh-filexfer-02 §6.5).
     async fn rename(&mut self, id: u32, oldpath: String, newpath: String) -> Result<Status, Self::Error> {
-        self.run(move |e, c| {
-            let (fp, fname) = parent_and_name(e, c, &oldpath)?;
-            let (tp, tname) = parent_and_name(e, c, &newpath)?;
+        self.run(move |e, c, root| {
+            let (fp, fname) = parent_and_name(e, c, root, &oldpath)?;
+            let (tp, tname) = parent_and_name(e, c, root, &newpath)?;
             match e.lookup(c, tp.ino, tname.as_bytes()) {
                 Ok(_) => return Err(Error::Exists),
                 Err(Error::NotFound) => {}
@@ -506,8 +521,8 @@ impl russh_sftp::server::Handler for SftpSession {
 
     async fn readlink(&mut self, id: u32, path: String) -> Result<Name, Self::Error> {
         let t = self
-            .run(move |e, c| {
-                let a = walk(e, c, &path, false)?;
+            .run(move |e, c, root| {
+                let a = walk(e, c, root, &path, false)?;
                 e.readlink(c, a.ino)
             })
             .await?;
@@ -518,8 +533,8 @@ impl russh_sftp::server::Handler for SftpSession {
     /// the reverse of the draft; russh-sftp names the fields in the draft's order.
     async fn symlink(&mut self, id: u32, linkpath: String, targetpath: String) -> Result<Status, Self::Error> {
         let (target, link) = (linkpath, targetpath);
-        self.run(move |e, c| {
-            let (p, n) = parent_and_name(e, c, &link)?;
+        self.run(move |e, c, root| {
+            let (p, n) = parent_and_name(e, c, root, &link)?;
             e.symlink(c, p.ino, n.as_bytes(), target.as_bytes()).map(|_| ())
         })
         .await?;
@@ -531,15 +546,15 @@ impl russh_sftp::server::Handler for SftpSession {
             "fsync@openssh.com" => {
                 let [handle] = ssh_strings::<1>(&data)?;
                 let (ino, _) = self.file_ino(&handle)?;
-                self.run(move |e, c| e.commit(c, ino)).await?;
+                self.run(move |e, c, _| e.commit(c, ino)).await?;
                 Ok(Packet::from(ok(id)))
             }
             // Rename that replaces an existing target, atomically (the engine's rename does).
             "posix-rename@openssh.com" => {
                 let [from, to] = ssh_strings::<2>(&data)?;
-                self.run(move |e, c| {
-                    let (fp, fname) = parent_and_name(e, c, &from)?;
-                    let (tp, tname) = parent_and_name(e, c, &to)?;
+                self.run(move |e, c, root| {
+                    let (fp, fname) = parent_and_name(e, c, root, &from)?;
+                    let (tp, tname) = parent_and_name(e, c, root, &to)?;
                     e.rename(c, fp.ino, fname.as_bytes(), tp.ino, tname.as_bytes())
                 })
                 .await?;
@@ -547,12 +562,12 @@ impl russh_sftp::server::Handler for SftpSession {
             }
             "hardlink@openssh.com" => {
                 let [existing, link] = ssh_strings::<2>(&data)?;
-                self.run(move |e, c| {
-                    let a = walk(e, c, &existing, false)?;
+                self.run(move |e, c, root| {
+                    let a = walk(e, c, root, &existing, false)?;
                     if a.kind == FileKind::Dir {
                         return Err(Error::IsDir);
                     }
-                    let (p, n) = parent_and_name(e, c, &link)?;
+                    let (p, n) = parent_and_name(e, c, root, &link)?;
                     e.link(c, a.ino, p.ino, n.as_bytes()).map(|_| ())
                 })
                 .await?;
@@ -561,8 +576,8 @@ impl russh_sftp::server::Handler for SftpSession {
             "statvfs@openssh.com" => {
                 let [path] = ssh_strings::<1>(&data)?;
                 let data = self
-                    .run(move |e, c| {
-                        walk(e, c, &path, true)?;
+                    .run(move |e, c, root| {
+                        walk(e, c, root, &path, true)?;
                         e.statfs(c)
                     })
                     .await
@@ -574,7 +589,7 @@ impl russh_sftp::server::Handler for SftpSession {
                 if !self.handles.contains_key(&handle) {
                     return Err(StatusCode::Failure);
                 }
-                let data = self.run(|e, c| e.statfs(c)).await.map(|s| statvfs_reply(&s))?;
+                let data = self.run(|e, c, _| e.statfs(c)).await.map(|s| statvfs_reply(&s))?;
                 Ok(Packet::ExtendedReply(ExtendedReply { id, data }))
             }
             _ => Err(StatusCode::OpUnsupported),

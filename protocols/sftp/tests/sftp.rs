@@ -391,3 +391,113 @@ async fn openssh_extensions_posix_rename_statvfs_hardlink_fsync() {
     assert!(rows[1][1] >= 5, "df -i counts the files in use:\n{stdout}");
     server.stop().await;
 }
+
+const CHROOT_SCRIPT: &str = r#"
+import sys, paramiko
+port, password = int(sys.argv[1]), sys.argv[2]
+t = paramiko.Transport(("127.0.0.1", port))
+t.connect(username="alice", password=password)
+s = paramiko.SFTPClient.from_transport(t)
+inside = sorted(["in.txt", "up", "abs", "abs_secret", "rel_out"])
+assert sorted(s.listdir("/")) == inside, s.listdir("/")
+for p in ["/..", "/../..", "../../..", "/up", "/up/up/..", "/abs", "/abs/abs"]:
+    assert sorted(s.listdir(p)) == inside, (p, s.listdir(p))
+assert s.normalize("/../../..") == "/"
+# Nothing outside the chroot can be reached, by any path or symlink.
+for p in ["/secret.txt", "/../secret.txt", "/up/secret.txt", "/abs/secret.txt", "/abs_secret",
+          "/rel_out", "/home/outside.txt", "/up/home/outside.txt", "/../outside.txt"]:
+    for op in (s.stat, s.lstat if not p.endswith(("abs_secret", "rel_out")) else s.stat):
+        try:
+            op(p)
+            raise SystemExit("reached %s" % p)
+        except FileNotFoundError:
+            pass
+    try:
+        s.open(p, "rb").read()
+        raise SystemExit("read %s" % p)
+    except FileNotFoundError:
+        pass
+# Writes, renames and links that climb out land inside.
+with s.open("/../../escape.txt", "wb") as f:
+    f.write(b"inside")
+s.posix_rename("/in.txt", "/../../../renamed.txt")
+s.symlink("/", "/root_link")
+now = sorted([n for n in inside if n != "in.txt"] + ["escape.txt", "root_link", "renamed.txt"])
+assert sorted(s.listdir("/root_link")) == now, s.listdir("/root_link")
+try:
+    s._request(paramiko.sftp.CMD_EXTENDED, "hardlink@openssh.com", "/../outside.txt", "/stolen")
+    raise SystemExit("hard-linked a file from outside")
+except FileNotFoundError:
+    pass
+s.close(); t.close()
+print("chroot ok")
+"#;
+
+/// A user with an SFTP chroot sees that directory as `/`: `..`, absolute paths and symlinks
+/// (made over other protocols, pointing up or to absolute paths) all stay inside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chroot_confines_paths_symlinks_and_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let sys = Caller::system();
+    let alice = e.authenticate_password("alice", PASSWORD).unwrap();
+    // Outside: a world-readable file at the root and one of alice's own next to the jail.
+    let secret = e.create(&sys, ROOT_INO, b"secret.txt", 0o644, true).unwrap();
+    e.write(&sys, secret.ino, 0, b"top secret", storage_engine::Stability::Durable).unwrap();
+    let home = e.resolve(&sys, "/home").unwrap();
+    let outside = e.create(&alice, home.ino, b"outside.txt", 0o644, true).unwrap();
+    e.write(&alice, outside.ino, 0, b"not in the jail", storage_engine::Stability::Durable).unwrap();
+    let jail = e.mkdir(&alice, home.ino, b"jail", 0o755).unwrap();
+    let f = e.create(&alice, jail.ino, b"in.txt", 0o644, true).unwrap();
+    e.write(&alice, f.ino, 0, b"in", storage_engine::Stability::Durable).unwrap();
+    for (name, target) in [("up", "../../.."), ("abs", "/"), ("abs_secret", "/secret.txt"), ("rel_out", "../outside.txt")] {
+        e.symlink(&alice, jail.ino, name.as_bytes(), target.as_bytes()).unwrap();
+    }
+
+    // Only an admin sets a chroot, and only to an existing directory given by absolute path.
+    let denied = aquifer_sftp::set_chroot(&e, &alice, "alice", Some("/home/jail"));
+    assert!(matches!(denied, Err(storage_engine::Error::PermissionDenied)), "{denied:?}");
+    for (user, path) in [("alice", "home/jail"), ("alice", "/home/nope"), ("alice", "/secret.txt"), ("nobody-here", "/home/jail")] {
+        assert!(aquifer_sftp::set_chroot(&e, &sys, user, Some(path)).is_err(), "{user} {path}");
+    }
+    assert_eq!(aquifer_sftp::chroot_of(&e, "alice").unwrap(), None);
+    aquifer_sftp::set_chroot(&e, &sys, "alice", Some("/home/./jail/")).unwrap();
+    assert_eq!(aquifer_sftp::chroot_of(&e, "alice").unwrap().as_deref(), Some("/home/jail"));
+
+    let server = Server::start(e.clone(), &dir.path().join("key")).await;
+    let work = tempfile::tempdir().unwrap();
+    let script = work.path().join("chroot.py");
+    std::fs::write(&script, CHROOT_SCRIPT).unwrap();
+    let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into()], "python3 with paramiko").await;
+    assert!(out.status.success(), "paramiko: {}", show(&out));
+    assert_eq!(read_all(&e, "/home/jail/escape.txt"), b"inside");
+    assert_eq!(read_all(&e, "/home/jail/renamed.txt"), b"in");
+    assert_eq!(e.readlink(&sys, e.resolve(&sys, "/home/jail/root_link").unwrap().ino).unwrap(), b"/");
+    let mut root_names: Vec<String> = e.readdir(&sys, ROOT_INO, None, 100).unwrap().entries.iter().map(|d| String::from_utf8_lossy(&d.name).into_owned()).collect();
+    root_names.sort();
+    assert_eq!(root_names, ["home", "secret.txt"], "nothing new outside the jail");
+    assert_eq!(read_all(&e, "/secret.txt"), b"top secret");
+    assert_eq!(e.resolve(&sys, "/home/outside.txt").unwrap().nlink, 1, "no hard link to an outside file");
+
+    // OpenSSH's client: `/` is the jail; a get of an outside file fails.
+    std::fs::write(work.path().join("up.txt"), b"up").unwrap();
+    let batch = format!("pwd\nls -1 /..\nput {w}/up.txt ../../../up.txt\n", w = work.path().display());
+    let out = sftp_batch(server.addr, "alice", PASSWORD, &batch, work.path()).await;
+    assert!(out.status.success(), "sftp batch: {}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("Remote working directory: /\n") && !stdout.contains("in.txt") && stdout.contains("renamed.txt"), "{stdout}");
+    assert_eq!(read_all(&e, "/home/jail/up.txt"), b"up");
+    let out = sftp_batch(server.addr, "alice", PASSWORD, &format!("get ../secret.txt {w}/leak\n", w = work.path().display()), work.path()).await;
+    assert!(!out.status.success() && !work.path().join("leak").exists(), "an outside file was fetched: {}", show(&out));
+
+    // A chroot that no longer resolves to a directory refuses the session, never widens it.
+    let jail_parent = e.resolve(&sys, "/home").unwrap();
+    e.rename(&sys, jail_parent.ino, b"jail", jail_parent.ino, b"jail.moved").unwrap();
+    let out = sftp_batch(server.addr, "alice", PASSWORD, "ls /\n", work.path()).await;
+    assert!(!out.status.success(), "a session with a missing chroot was opened: {}", show(&out));
+    // Lifted, alice sees the whole namespace again.
+    aquifer_sftp::set_chroot(&e, &sys, "alice", None).unwrap();
+    let out = sftp_batch(server.addr, "alice", PASSWORD, "ls -1 /\n", work.path()).await;
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("secret.txt"), "{}", show(&out));
+    server.stop().await;
+}
