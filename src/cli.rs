@@ -89,6 +89,77 @@ pub enum Command {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Portals: extend a hub directory to this (spoke) cluster (default: list).
+    Portal {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(subcommand)]
+        cmd: Option<PortalCmd>,
+    },
+    /// Residency labels of directories (portals never move labelled data out of its region).
+    Residency {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(subcommand)]
+        cmd: ResidencyCmd,
+    },
+    /// The audit log: every portal operation and refusal, residency changes.
+    Audit {
+        #[command(flatten)]
+        conn: Conn,
+        /// Only records after this sequence number.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PortalCmd {
+    /// List portals this cluster is hub or spoke of.
+    List,
+    /// One portal with its live figures.
+    Show { id: String },
+    /// On the spoke: propose a portal to a hub (it stays pending until the hub authorizes it).
+    Create {
+        /// The hub's fabric address, HOST:PORT.
+        #[arg(long)]
+        hub: String,
+        /// The directory on the hub.
+        #[arg(long)]
+        hub_path: String,
+        /// Where it appears on this cluster (created; must be new or empty).
+        #[arg(long)]
+        spoke_path: String,
+        /// ro (read-only) or rw (writes are forwarded to the hub).
+        #[arg(long, default_value = "ro")]
+        mode: String,
+        /// Expected SHA-256 fingerprint of the hub's certificate (`aquifer portal identity` on the hub).
+        #[arg(long)]
+        hub_fingerprint: Option<String>,
+        /// Serve cached data even when the hub's lease has run out (logged).
+        #[arg(long)]
+        serve_stale: bool,
+    },
+    /// On the hub: accept a pending portal.
+    Authorize { id: String },
+    /// Delete a portal (on a spoke: its cached data is reclaimed).
+    Delete { id: String },
+    /// Turn serving stale data on or off.
+    ServeStale { id: String, on: String },
+    /// This cluster's fabric identity (certificate fingerprint, region, listener).
+    Identity,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ResidencyCmd {
+    /// Label a directory with the regions its data may live in (e.g. eu, or eu,us).
+    Set { path: String, label: String },
+    /// Show a directory's label.
+    Get { path: String },
+    /// Remove a directory's label.
+    Rm { path: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -250,6 +321,17 @@ pub fn run(cmd: Command) -> Result<()> {
             let c = Client::new(&conn)?;
             let v = c.call(Method::GET, "/pools", None, "list pools")?;
             c.print(&v, print_pools)
+        }
+        Command::Portal { conn, cmd } => portal(&Client::new(&conn)?, cmd.unwrap_or(PortalCmd::List)),
+        Command::Residency { conn, cmd } => residency(&Client::new(&conn)?, cmd),
+        Command::Audit { conn, after, limit } => {
+            let c = Client::new(&conn)?;
+            let v = c.call(Method::GET, &format!("/audit?after={after}&limit={limit}"), None, "read the audit log")?;
+            c.print(&v, |v| {
+                for r in items(v) {
+                    println!("{:>6} {} {:<8} {:<8} {:<22} {} -> {}", u(r, "seq"), u(r, "time_ns") / 1_000_000_000, s(r, "user"), s(r, "protocol"), s(r, "action"), s(r, "target"), s(r, "outcome"));
+                }
+            })
         }
         Command::Capacity { conn } => {
             let c = Client::new(&conn)?;
@@ -900,5 +982,86 @@ mod tests {
         assert_eq!(utc_time(1_709_210_096 * 1_000_000_000), "2024-02-29 12:34");
         assert_eq!(mode_string("dir", 0o755), "drwxr-xr-x");
         assert_eq!(mode_string("file", 0o640), "-rw-r-----");
+    }
+}
+
+fn print_portal(p: &Value) {
+    println!(
+        "{:<18} {:<6} {:<9} {:<3} {} -> {}{}",
+        s(p, "id"),
+        s(p, "side"),
+        s(p, "state"),
+        s(p, "mode"),
+        if s(p, "side") == "spoke" { format!("{}:{}", s(p, "hub_addr"), s(p, "hub_path")) } else { s(p, "hub_path").to_string() },
+        s(p, "spoke_path"),
+        if s(p, "reason").is_empty() { String::new() } else { format!("  ({})", s(p, "reason")) }
+    );
+}
+
+fn portal(c: &Client, cmd: PortalCmd) -> Result<()> {
+    match cmd {
+        PortalCmd::List => {
+            let v = c.call(Method::GET, "/portals", None, "list portals")?;
+            c.print(&v, |v| {
+                println!("{:<18} {:<6} {:<9} {:<3} HUB -> SPOKE", "ID", "SIDE", "STATE", "MODE");
+                for p in items(v) {
+                    print_portal(p);
+                }
+            })
+        }
+        PortalCmd::Show { id } => {
+            let v = c.call(Method::GET, &format!("/portals/{}", enc(&id)), None, &format!("show portal {id}"))?;
+            c.print(&v, |v| println!("{}", serde_json::to_string_pretty(v).unwrap_or_default()))
+        }
+        PortalCmd::Create { hub, hub_path, spoke_path, mode, hub_fingerprint, serve_stale } => {
+            let body = json!({ "hub": hub, "hub_path": hub_path, "spoke_path": spoke_path, "mode": mode, "hub_fingerprint": hub_fingerprint, "serve_stale": serve_stale });
+            let v = c.call(Method::POST, "/portals", Some(body), "create portal")?;
+            c.print(&v, |v| {
+                print_portal(v);
+                eprintln!("portal {} is pending: authorize it on the hub with `aquifer portal authorize {}`", s(v, "id"), s(v, "id"));
+            })
+        }
+        PortalCmd::Authorize { id } => {
+            let v = c.call(Method::POST, &format!("/portals/{}/authorize", enc(&id)), None, &format!("authorize portal {id}"))?;
+            c.print(&v, print_portal)
+        }
+        PortalCmd::Delete { id } => {
+            c.call(Method::DELETE, &format!("/portals/{}", enc(&id)), None, &format!("delete portal {id}"))?;
+            Ok(())
+        }
+        PortalCmd::ServeStale { id, on } => {
+            let on = match on.as_str() {
+                "on" | "true" | "yes" => true,
+                "off" | "false" | "no" => false,
+                _ => bail!("serve-stale takes on or off"),
+            };
+            let v = c.call(Method::PATCH, &format!("/portals/{}", enc(&id)), Some(json!({ "serve_stale": on })), &format!("change portal {id}"))?;
+            c.print(&v, print_portal)
+        }
+        PortalCmd::Identity => {
+            let v = c.call(Method::GET, "/fabric", None, "get the fabric identity")?;
+            c.print(&v, |v| println!("fingerprint {}\nregion      {}\nlisten      {}", s(v, "fingerprint"), s(v, "region"), s(v, "listen")))
+        }
+    }
+}
+
+fn residency_path(path: &str) -> String {
+    path.split('/').filter(|p| !p.is_empty()).map(enc).collect::<Vec<_>>().join("/")
+}
+
+fn residency(c: &Client, cmd: ResidencyCmd) -> Result<()> {
+    match cmd {
+        ResidencyCmd::Set { path, label } => {
+            let v = c.call(Method::PUT, &format!("/residency/{}", residency_path(&path)), Some(json!({ "label": label })), &format!("label {path}"))?;
+            c.print(&v, |v| println!("{} residency={}", s(v, "path"), s(v, "label")))
+        }
+        ResidencyCmd::Get { path } => {
+            let v = c.call(Method::GET, &format!("/residency/{}", residency_path(&path)), None, &format!("get label of {path}"))?;
+            c.print(&v, |v| println!("{} residency={}", s(v, "path"), if v["label"].is_null() { "(none)".to_string() } else { s(v, "label").to_string() }))
+        }
+        ResidencyCmd::Rm { path } => {
+            c.call(Method::DELETE, &format!("/residency/{}", residency_path(&path)), None, &format!("remove label of {path}"))?;
+            Ok(())
+        }
     }
 }

@@ -33,6 +33,15 @@ pub struct ServeArgs {
     /// be bound the daemon serves without SMB (an address given here must bind).
     #[arg(long, env = "AQUIFER_SMB_LISTEN")]
     smb: Option<SocketAddr>,
+    /// Address of the fabric listener (portals between clusters, mutual TLS).
+    #[arg(long, env = "AQUIFER_FABRIC_LISTEN")]
+    fabric: Option<SocketAddr>,
+    /// This cluster's region, matched against residency labels.
+    #[arg(long, env = "AQUIFER_REGION")]
+    region: Option<String>,
+    /// A name for this cluster, shown to other clusters.
+    #[arg(long, env = "AQUIFER_CLUSTER_NAME")]
+    cluster_name: Option<String>,
     /// TOML configuration (drives, pools, listeners); flags override it.
     #[arg(long, env = "AQUIFER_CONFIG")]
     config: Option<PathBuf>,
@@ -59,6 +68,8 @@ struct ConfigFile {
     engine: EngineEntry,
     #[serde(default)]
     exports: Vec<ExportEntry>,
+    #[serde(default)]
+    fabric: crate::portal_api::FabricEntry,
     #[serde(default)]
     shares: Vec<ShareEntry>,
 }
@@ -207,7 +218,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     std::fs::create_dir_all(&data_dir).with_context(|| format!("create data dir {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize().with_context(|| format!("resolve {}", data_dir.display()))?;
     let addr = |a: Option<SocketAddr>, f: Option<SocketAddr>, default: &str| a.or(f).unwrap_or_else(|| default.parse().expect("address"));
+    let fabric_cfg = crate::portal_api::config(&data_dir, &file.fabric, args.fabric, args.region.clone(), args.cluster_name.clone());
     let listen = Listeners {
+        fabric: fabric_cfg,
         rest: addr(args.rest, file.listen.rest, "127.0.0.1:8080"),
         s3: addr(args.s3, file.listen.s3, "127.0.0.1:9000"),
         s3_domain: args.s3_domain.clone().or(file.listen.s3_domain.clone()),
@@ -355,6 +368,7 @@ struct Listeners {
     smb_given: bool,
     smb_shares: Vec<aquifer_smb::ShareConfig>,
     exports: Vec<aquifer_nfs::Export>,
+    fabric: fabric::FabricConfig,
 }
 
 async fn bind(what: &str, addr: SocketAddr) -> Result<tokio::net::TcpListener> {
@@ -386,9 +400,11 @@ async fn serve_all(engine: Arc<Engine>, listen: Listeners, data_dir: PathBuf) ->
             let _ = rx.wait_for(|v| *v).await;
         }
     };
+    let fabric = fabric::Fabric::start(engine.clone(), listen.fabric.clone()).await.context("starting the fabric")?;
+    let portals: Arc<dyn aquifer_rest::portals::PortalAdmin> = Arc::new(crate::portal_api::PortalApi(fabric.clone()));
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn({
-        let f = aquifer_rest::serve(engine.clone(), rest, stopped());
+        let f = aquifer_rest::serve_with(engine.clone(), Some(portals), rest, stopped());
         async move { ("REST", f.await.map_err(anyhow::Error::from)) }
     });
     tasks.spawn({
@@ -417,6 +433,9 @@ async fn serve_all(engine: Arc<Engine>, listen: Listeners, data_dir: PathBuf) ->
     println!(
         "S3 at s3://{s3_at}, NFSv3 at nfs://{nfs_at} (MOUNT on the same port), SFTP at sftp://{sftp_at}"
     );
+    if let Some(at) = fabric.local_addr() {
+        println!("Fabric at fabric://{at} (region {}, certificate SHA-256 {})", fabric.region(), fabric.fingerprint());
+    }
     println!(
         "Aquifer is serving {} (REST API and file API at http://{}/api/v1/, log in as admin)",
         data_dir.display(),

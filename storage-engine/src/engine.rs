@@ -19,6 +19,7 @@ use crate::ec::Codec;
 use crate::error::{Error, NameProblem, Result};
 use crate::records::*;
 use crate::types::*;
+use crate::remote::Mutation;
 use crate::writebuf::WriteBuffer;
 
 pub(crate) const CF_INODES: &str = "inodes";
@@ -33,9 +34,10 @@ pub(crate) const CF_ORPHANS: &str = "orphans";
 pub(crate) const CF_UPLOADS: &str = "uploads";
 pub(crate) const CF_JOBS: &str = "jobs";
 pub(crate) const CF_AUDIT: &str = "audit";
+pub(crate) const CF_REMOTE: &str = "remote";
 const ALL_CFS: &[&str] = &[
     CF_INODES, CF_DENTRIES, CF_EXTENTS, CF_STRIPES, CF_INLINE, CF_XATTRS, CF_IDENTITY,
-    CF_SYSTEM, CF_ORPHANS, CF_UPLOADS, CF_JOBS, CF_AUDIT,
+    CF_SYSTEM, CF_ORPHANS, CF_UPLOADS, CF_JOBS, CF_AUDIT, CF_REMOTE,
 ];
 
 /// Stripes of one flush whose shard writes may be outstanding together.
@@ -228,6 +230,8 @@ pub struct Engine {
     sync_lock: Mutex<()>,
     pub(crate) cluster_uuid: [u8; 16],
     pub(crate) audit_seq: AtomicU64,
+    pub(crate) remote: parking_lot::RwLock<Option<Arc<dyn crate::remote::RemoteSource>>>,
+    pub(crate) has_stubs: AtomicBool,
 }
 
 pub(crate) fn validate_name(name: &[u8]) -> Result<()> {
@@ -245,6 +249,22 @@ pub(crate) fn validate_name(name: &[u8]) -> Result<()> {
     }
     if name.len() > NAME_BYTES_MAX {
         return Err(Error::InvalidName(NameProblem::TooLong));
+    }
+    Ok(())
+}
+
+impl Engine {
+    /// Mutations the fabric cannot forward are refused on mirror inodes (unless it says
+    /// otherwise).
+    fn remote_refuse(&self, caller: &Caller, ino: Ino, what: &'static str) -> Result<()> {
+        self.remote_mutation(&[ino], Mutation::Other { caller, ino, what }).map(|_| ())
+    }
+}
+
+/// `trusted.*` extended attributes (residency labels among them) are set by admins only.
+fn check_reserved_xattr(caller: &Caller, name: &[u8]) -> Result<()> {
+    if name.starts_with(b"trusted.") && caller.uid != 0 && caller.role < Role::Admin {
+        return Err(Error::PermissionDenied);
     }
     Ok(())
 }
@@ -363,6 +383,7 @@ impl Engine {
         };
         let (events, _) = tokio::sync::broadcast::channel(4096);
         let audit_next = Self::last_audit_seq(&db)? + 1;
+        let has_stubs = db.iterator_cf(db.cf_handle(CF_REMOTE).expect("cf"), IteratorMode::Start).next().is_some();
         let engine = Arc::new(Engine {
             db,
             data,
@@ -380,6 +401,8 @@ impl Engine {
             sync_lock: Mutex::new(()),
             cluster_uuid,
             audit_seq: AtomicU64::new(audit_next),
+            remote: parking_lot::RwLock::new(None),
+            has_stubs: AtomicBool::new(has_stubs),
         });
         engine.ensure_admin()?;
         engine.reclaim_orphans()?;
@@ -558,6 +581,10 @@ impl Engine {
         self.db.cf_handle(name).expect("column family exists")
     }
 
+    pub(crate) fn emit(&self, e: ChangeEvent) {
+        let _ = self.events.send(e);
+    }
+
     pub(crate) fn now(&self) -> i64 {
         self.cfg.clock.now_ns()
     }
@@ -603,7 +630,8 @@ impl Engine {
 
     // ---------------------------------------------------------------- read side
 
-    pub fn getattr(&self, _caller: &Caller, ino: Ino) -> Result<Attr> {
+    pub fn getattr(&self, caller: &Caller, ino: Ino) -> Result<Attr> {
+        self.remote_ensure(caller, ino, crate::remote::Need::Attr)?;
         let rec = self.load(ino)?;
         Ok(self.overlay_attr(ino, &rec))
     }
@@ -622,7 +650,9 @@ impl Engine {
             return Ok(self.overlay_attr(p, &self.load(p)?));
         }
         validate_name(name)?;
+        self.remote_ensure(caller, parent, crate::remote::Need::Listing)?;
         let (ino, _) = self.load_dentry(parent, name)?.ok_or(Error::NotFound)?;
+        self.remote_ensure(caller, ino, crate::remote::Need::Attr)?;
         let rec = self.load(ino)?;
         Ok(self.overlay_attr(ino, &rec))
     }
@@ -676,6 +706,7 @@ impl Engine {
             return Err(Error::NotDir);
         }
         check(caller, &dir, R)?;
+        self.remote_ensure(caller, ino, crate::remote::Need::Listing)?;
         let prefix = be64(ino);
         let start = match cursor {
             Some(c) => {
@@ -714,6 +745,11 @@ impl Engine {
             k => return Err(Error::InvalidArgument(format!("read of a special file ({k:?})"))),
         }
         check(caller, &rec, R)?;
+        if !caller.is_portal() {
+            if let Some(stub) = self.remote_stub(ino)? {
+                return self.read_mirror(caller, ino, stub, offset, len);
+            }
+        }
         let buf = self.buffer_of(ino);
         let guard = buf.as_ref().map(|b| b.lock());
         // Reload under the buffer lock: a flush may have committed meanwhile.
@@ -908,7 +944,7 @@ impl Engine {
         *self.sync_thread.lock() = Some(h);
     }
 
-    fn put_inode(&self, batch: &mut WriteBatch, ino: Ino, rec: &InodeRec) {
+    pub(crate) fn put_inode(&self, batch: &mut WriteBatch, ino: Ino, rec: &InodeRec) {
         batch.put_cf(self.cf(CF_INODES), be64(ino), rec.encode());
     }
 
@@ -1502,6 +1538,10 @@ impl Engine {
     // ---------------------------------------------------------------- public mutations
 
     fn create_node(&self, caller: &Caller, parent: Ino, name: &[u8], kind: FileKind, mode: u32, target: Vec<u8>, exclusive: bool) -> Result<Attr> {
+        let m = Mutation::Create { caller, parent, name, kind, mode, target: &target };
+        if let Some(done) = self.remote_mutation(&[parent], m)? {
+            return done.ok_or_else(|| Error::Io("portal create returned no attributes".into()));
+        }
         let cmd = Command::Create {
             caller: caller.clone(),
             parent,
@@ -1538,6 +1578,7 @@ impl Engine {
 
     /// Creates a fifo, socket or device node. Device nodes need root, as on Linux.
     pub fn mknod(&self, caller: &Caller, parent: Ino, name: &[u8], kind: FileKind, mode: u32, rdev: u64) -> Result<Attr> {
+        self.remote_refuse(caller, parent, "mknod")?;
         if !kind.is_special() {
             return Err(Error::InvalidArgument("mknod makes fifos, sockets and device nodes".into()));
         }
@@ -1563,23 +1604,35 @@ impl Engine {
     }
 
     pub fn link(&self, caller: &Caller, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+        self.remote_refuse(caller, ino, "link")?;
+        self.remote_refuse(caller, parent, "link")?;
         self.flush(ino, false)?;
         let cmd = Command::Link { caller: caller.clone(), ino, parent, name: name.to_vec(), now: self.now() };
         Ok(self.execute(cmd, false)?.expect("link returns attributes"))
     }
 
     pub fn unlink(&self, caller: &Caller, parent: Ino, name: &[u8]) -> Result<()> {
+        if self.remote_mutation(&[parent], Mutation::Remove { caller, parent, name, dir: false })?.is_some() {
+            return Ok(());
+        }
         let cmd = Command::Unlink { caller: caller.clone(), parent, name: name.to_vec(), dir: false, now: self.now() };
         self.execute(cmd, false).map(|_| ())
     }
 
     pub fn rmdir(&self, caller: &Caller, parent: Ino, name: &[u8]) -> Result<()> {
+        if self.remote_mutation(&[parent], Mutation::Remove { caller, parent, name, dir: true })?.is_some() {
+            return Ok(());
+        }
         let cmd = Command::Unlink { caller: caller.clone(), parent, name: name.to_vec(), dir: true, now: self.now() };
         self.execute(cmd, false).map(|_| ())
     }
 
     /// Atomic rename, also across directories; replaces a file or an empty directory.
     pub fn rename(&self, caller: &Caller, from_parent: Ino, from_name: &[u8], to_parent: Ino, to_name: &[u8]) -> Result<()> {
+        let m = Mutation::Rename { caller, from_parent, from_name, to_parent, to_name };
+        if self.remote_mutation(&[from_parent, to_parent], m)?.is_some() {
+            return Ok(());
+        }
         let cmd = Command::Rename {
             caller: caller.clone(),
             from_parent,
@@ -1592,6 +1645,7 @@ impl Engine {
     }
 
     pub fn setattr(&self, caller: &Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
+        self.remote_refuse(caller, ino, "setattr")?;
         if set.size.is_some() {
             // Truncation applies to flushed data; buffered bytes past the new end must not
             // reappear later.
@@ -1607,11 +1661,15 @@ impl Engine {
     }
 
     pub fn setxattr(&self, caller: &Caller, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
+        self.remote_refuse(caller, ino, "setxattr")?;
+        check_reserved_xattr(caller, name)?;
         let cmd = Command::SetXattr { caller: caller.clone(), ino, name: name.to_vec(), value: Some(value.to_vec()), now: self.now() };
         self.execute(cmd, false).map(|_| ())
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: Ino, name: &[u8]) -> Result<()> {
+        self.remote_refuse(caller, ino, "removexattr")?;
+        check_reserved_xattr(caller, name)?;
         let cmd = Command::SetXattr { caller: caller.clone(), ino, name: name.to_vec(), value: None, now: self.now() };
         self.execute(cmd, false).map(|_| ())
     }
@@ -1619,6 +1677,7 @@ impl Engine {
     /// Writes bytes at `offset`. Unstable writes collect in the file's write buffer; durable
     /// ones return after the data and metadata are synced.
     pub fn write(&self, caller: &Caller, ino: Ino, offset: u64, data: &[u8], stability: Stability) -> Result<Attr> {
+        self.remote_refuse(caller, ino, "write")?;
         let rec = self.load(ino)?;
         match rec.kind {
             FileKind::File => {}
@@ -1818,6 +1877,7 @@ impl Engine {
     /// publishes under `name` (replacing what is there) and `abort_put` deletes. A crash
     /// before publishing leaves nothing visible; the orphan is reclaimed at the next start.
     pub fn begin_put(&self, caller: &Caller, parent: Ino, mode: u32) -> Result<Attr> {
+        self.remote_mutation(&[parent], Mutation::Stage { caller, parent })?;
         let cmd = Command::Create {
             caller: caller.clone(),
             parent,
@@ -1837,6 +1897,9 @@ impl Engine {
 
     /// Publishes a staged file under `name`, durably.
     pub fn finish_put(&self, caller: &Caller, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+        if let Some(done) = self.remote_mutation(&[parent], Mutation::Publish { caller, staged: ino, parent, name })? {
+            return done.ok_or_else(|| Error::Io("portal publish returned no attributes".into()));
+        }
         self.flush_data_durable(ino)?;
         let cmd = Command::Publish { caller: caller.clone(), ino, parent, name: name.to_vec(), now: self.now() };
         Ok(self.execute(cmd, true)?.expect("publish returns attributes"))
@@ -1849,7 +1912,8 @@ impl Engine {
 
     /// Deletes unpublished files left by a crash (put-whole staging that never finished).
     fn reclaim_orphans(&self) -> Result<()> {
-        let live = crate::objects::upload_parts(self)?;
+        let mut live = crate::objects::upload_parts(self)?;
+        live.extend(self.remote_cache_inos()?);
         let mut victims = Vec::new();
         for kv in self.db.iterator_cf(self.cf(CF_ORPHANS), IteratorMode::Start) {
             let (k, _) = kv?;

@@ -57,6 +57,8 @@ pub enum Error {
     NotSymlink,
     #[error("operation not supported: {0}")]
     NotSupported(String),
+    #[error("read-only: {0}")]
+    ReadOnly(String),
     #[error("busy: {0}")]
     Busy(String),
     #[error("data unavailable: {0}")]
@@ -97,6 +99,7 @@ impl Error {
             Error::NotSymlink => libc_errno::EINVAL,
             Error::NotSupported(_) => libc_errno::EOPNOTSUPP,
             Error::Busy(_) => libc_errno::EBUSY,
+            Error::ReadOnly(_) => libc_errno::EROFS,
             Error::Unavailable(_) | Error::Io(_) | Error::Corrupt(_) | Error::Metadata(_) => {
                 libc_errno::EIO
             }
@@ -116,6 +119,7 @@ mod libc_errno {
     pub const EINVAL: i32 = 22;
     pub const EFBIG: i32 = 27;
     pub const ENOSPC: i32 = 28;
+    pub const EROFS: i32 = 30;
     pub const EMLINK: i32 = 31;
     pub const ENAMETOOLONG: i32 = 36;
     pub const ENOTEMPTY: i32 = 39;

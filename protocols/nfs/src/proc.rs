@@ -146,6 +146,7 @@ pub(crate) fn status(e: &Error) -> nfsstat3 {
         Error::TooManyLinks => nfsstat3::NFS3ERR_MLINK,
         Error::NotSupported(_) => nfsstat3::NFS3ERR_NOTSUPP,
         Error::Busy(_) => nfsstat3::NFS3ERR_JUKEBOX,
+        Error::ReadOnly(_) => nfsstat3::NFS3ERR_ROFS,
         Error::Unavailable(_) | Error::Io(_) | Error::Corrupt(_) | Error::Metadata(_) => nfsstat3::NFS3ERR_IO,
     }
 }

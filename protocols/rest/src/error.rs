@@ -46,6 +46,7 @@ impl From<Error> for ApiError {
             Error::NotDir => (StatusCode::CONFLICT, "not_dir"),
             Error::IsDir => (StatusCode::CONFLICT, "is_dir"),
             Error::Busy(_) => (StatusCode::CONFLICT, "busy"),
+            Error::ReadOnly(_) => (StatusCode::FORBIDDEN, "read_only"),
             Error::PermissionDenied => (StatusCode::FORBIDDEN, "permission_denied"),
             Error::Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthenticated"),
             Error::InvalidName(_) => (StatusCode::BAD_REQUEST, "invalid_name"),

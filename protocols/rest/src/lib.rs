@@ -15,6 +15,7 @@ mod extract;
 mod files;
 mod openapi;
 mod paths;
+pub mod portals;
 mod server;
 pub mod wire;
 
@@ -28,7 +29,7 @@ use axum::routing::{MethodFilter, on};
 use storage_engine::Engine;
 
 pub use error::ApiError;
-pub use server::{CONNECTIONS_MAX, HEADER_READ_TIMEOUT_MS, serve};
+pub use server::{CONNECTIONS_MAX, HEADER_READ_TIMEOUT_MS, serve, serve_with};
 
 /// Largest JSON request body. File uploads stream and are not bound by it.
 pub const JSON_BODY_BYTES_MAX: usize = 1 << 20;
@@ -37,6 +38,7 @@ pub const JSON_BODY_BYTES_MAX: usize = 1 << 20;
 #[derive(Clone)]
 pub(crate) struct AppState {
     pub engine: Arc<Engine>,
+    pub portals: Option<Arc<dyn portals::PortalAdmin>>,
 }
 
 /// Builds the router and records every (method, path) it serves, so that the OpenAPI document
@@ -63,6 +65,7 @@ fn routes() -> Routes {
     let r = Routes { router: Router::new(), served: Vec::new() };
     let r = admin::routes(r);
     let r = files::routes(r);
+    let r = portals::routes(r);
     r.on(Method::GET, "/api/v1/openapi.json", openapi::get_openapi)
 }
 
@@ -76,10 +79,15 @@ pub fn served_routes() -> Vec<(String, String)> {
 
 /// The complete API as an axum router (also used by tests that drive it in-process).
 pub fn router(engine: Arc<Engine>) -> Router {
+    router_with(engine, None)
+}
+
+/// The API with the fabric's portal administration behind `/api/v1/portals`.
+pub fn router_with(engine: Arc<Engine>, portals: Option<Arc<dyn portals::PortalAdmin>>) -> Router {
     routes()
         .router
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(JSON_BODY_BYTES_MAX))
-        .with_state(AppState { engine })
+        .with_state(AppState { engine, portals })
 }

@@ -13,6 +13,15 @@ pub(crate) async fn get_openapi() -> Json<Value> {
     Json(document())
 }
 
+/// Any JSON object (routes whose bodies are documented in their summary).
+pub(crate) fn object_schema() -> Value {
+    json!({ "type": "object" })
+}
+
+pub(crate) fn array_of_any() -> Value {
+    json!({ "type": "array", "items": { "type": "object" } })
+}
+
 fn schema_ref(name: &str) -> Value {
     json!({ "$ref": format!("#/components/schemas/{name}") })
 }
@@ -30,7 +39,7 @@ fn error_response(description: &str) -> Value {
 }
 
 /// One operation. `ok` is (status, description, response schema or none).
-struct Op {
+pub(crate) struct Op {
     method: &'static str,
     path: &'static str,
     summary: &'static str,
@@ -41,11 +50,11 @@ struct Op {
     ok: (&'static str, &'static str, Option<Value>),
 }
 
-fn path_param(name: &str, description: &str) -> Value {
+pub(crate) fn path_param(name: &str, description: &str) -> Value {
     json!({ "name": name, "in": "path", "required": true, "description": description, "schema": { "type": "string" } })
 }
 
-fn query_param(name: &str, ty: &str, description: &str) -> Value {
+pub(crate) fn query_param(name: &str, ty: &str, description: &str) -> Value {
     json!({ "name": name, "in": "query", "required": false, "description": description, "schema": { "type": ty } })
 }
 
@@ -53,16 +62,16 @@ fn header_param(name: &str, description: &str) -> Value {
     json!({ "name": name, "in": "header", "required": false, "description": description, "schema": { "type": "string" } })
 }
 
-fn op(method: &'static str, path: &'static str, tag: &'static str, summary: &'static str) -> Op {
+pub(crate) fn op(method: &'static str, path: &'static str, tag: &'static str, summary: &'static str) -> Op {
     Op { method, path, summary, tag, public: false, params: vec![], body: None, ok: ("200", "OK", None) }
 }
 
 impl Op {
-    fn params(mut self, p: Vec<Value>) -> Op {
+    pub(crate) fn params(mut self, p: Vec<Value>) -> Op {
         self.params = p;
         self
     }
-    fn body(mut self, schema: Value) -> Op {
+    pub(crate) fn body(mut self, schema: Value) -> Op {
         self.body = Some(json!({ "required": true, "content": json_content(schema) }));
         self
     }
@@ -74,7 +83,7 @@ impl Op {
         }));
         self
     }
-    fn ok(mut self, status: &'static str, description: &'static str, schema: Option<Value>) -> Op {
+    pub(crate) fn ok(mut self, status: &'static str, description: &'static str, schema: Option<Value>) -> Op {
         self.ok = (status, description, schema);
         self
     }
@@ -207,6 +216,9 @@ fn operations() -> Vec<Op> {
             .ok("204", "removed", None),
         op("get", "/api/v1/openapi.json", "meta", "This document").public().ok("200", "OpenAPI 3 document", Some(json!({ "type": "object" }))),
     ]
+    .into_iter()
+    .chain(crate::portals::operations())
+    .collect()
 }
 
 fn obj(props: &[(&str, Value)], required: &[&str]) -> Value {

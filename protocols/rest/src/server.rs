@@ -37,7 +37,17 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let app = crate::router(engine);
+    serve_with(engine, None, listener, shutdown).await
+}
+
+/// [`serve`] with the fabric's portal administration.
+pub async fn serve_with(
+    engine: Arc<Engine>,
+    portals: Option<Arc<dyn crate::portals::PortalAdmin>>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = crate::router_with(engine, portals);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
     let mut builder = hyper::server::conn::http1::Builder::new();

@@ -46,6 +46,7 @@ pub(crate) fn map_err(e: Error, missing: Missing) -> S3Error {
             return err;
         }
         Error::Busy(_) => S3ErrorCode::SlowDown,
+        Error::ReadOnly(_) => S3ErrorCode::AccessDenied,
         Error::Unavailable(_) => S3ErrorCode::ServiceUnavailable,
         Error::NotSupported(_) => S3ErrorCode::NotImplemented,
         Error::TooManyLinks | Error::Stale | Error::Io(_) | Error::Corrupt(_) | Error::Metadata(_) => {

@@ -1,0 +1,370 @@
+//! Two engines (hub and spoke) with their fabrics on loopback, joined through the WAN
+//! emulator: the portal life cycle, reads through the spoke, coherence, cuts, writes through
+//! a read-write portal, residency and certificate refusals, malformed frames.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fabric::wan::{WanConfig, WanEmulator};
+use fabric::{CreatePortal, Fabric, FabricConfig, PortalState};
+use rand::{Rng, SeedableRng};
+use storage_engine::{Caller, Engine, EngineConfig, Error, Stability};
+use tempfile::TempDir;
+
+const LEASE_MS: u64 = 1500;
+
+struct Node {
+    engine: Arc<Engine>,
+    fabric: Arc<Fabric>,
+    dir: TempDir,
+    region: String,
+}
+
+async fn start_fabric(engine: Arc<Engine>, dir: &std::path::Path, region: &str) -> Arc<Fabric> {
+    let cfg = FabricConfig {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        region: region.into(),
+        name: format!("test-{region}"),
+        identity_dir: dir.join("fabric"),
+        lease_ms: LEASE_MS,
+        cache_bytes_max: u64::MAX,
+        free_percent_min: 0,
+    };
+    Fabric::start(engine, cfg).await.unwrap()
+}
+
+async fn node(region: &str) -> Node {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = EngineConfig::with_file_drives(dir.path(), 6, 96 << 20, 4, 2);
+    cfg.argon2_memory_kib = 8;
+    cfg.admin_password = Some("fabric-test-pw".into());
+    let engine = tokio::task::spawn_blocking(move || Engine::open(cfg)).await.unwrap().unwrap();
+    let fabric = start_fabric(engine.clone(), dir.path(), region).await;
+    Node { engine, fabric, dir, region: region.into() }
+}
+
+fn admin() -> Caller {
+    Caller::system()
+}
+
+async fn put(engine: &Arc<Engine>, path: &str, data: Vec<u8>) -> storage_engine::Result<()> {
+    let e = engine.clone();
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || {
+        let c = admin();
+        let mut dir = e.getattr(&c, storage_engine::ROOT_INO)?;
+        let comps: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        for comp in &comps[..comps.len() - 1] {
+            dir = match e.lookup(&c, dir.ino, comp.as_bytes()) {
+                Ok(a) => a,
+                Err(Error::NotFound) => e.mkdir(&c, dir.ino, comp.as_bytes(), 0o755)?,
+                Err(err) => return Err(err),
+            };
+        }
+        let staged = e.begin_put(&c, dir.ino, 0o644)?;
+        for (i, piece) in data.chunks(1 << 20).enumerate() {
+            e.write(&c, staged.ino, (i as u64) << 20, piece, Stability::Unstable)?;
+        }
+        e.finish_put(&c, staged.ino, dir.ino, comps.last().unwrap().as_bytes()).map(|_| ())
+    })
+    .await
+    .unwrap()
+}
+
+async fn get(engine: &Arc<Engine>, path: &str) -> storage_engine::Result<Vec<u8>> {
+    let e = engine.clone();
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || {
+        let c = Caller { user: "reader".into(), uid: 1000, gid: 1000, groups: vec![], role: storage_engine::Role::User };
+        let a = e.resolve(&c, &path)?;
+        let mut out = Vec::new();
+        loop {
+            let piece = e.read(&c, a.ino, out.len() as u64, 1 << 20)?;
+            if piece.is_empty() {
+                return Ok(out);
+            }
+            out.extend_from_slice(&piece);
+        }
+    })
+    .await
+    .unwrap()
+}
+
+async fn list(engine: &Arc<Engine>, path: &str) -> storage_engine::Result<Vec<String>> {
+    let e = engine.clone();
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || {
+        let c = admin();
+        let a = e.resolve(&c, &path)?;
+        let page = e.readdir(&c, a.ino, None, 10_000)?;
+        Ok(page.entries.iter().map(|d| String::from_utf8_lossy(&d.name).into_owned()).collect())
+    })
+    .await
+    .unwrap()
+}
+
+fn random(n: usize, seed: u64) -> Vec<u8> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n).map(|_| r.random()).collect()
+}
+
+async fn wait_for<F: Fn() -> bool>(what: &str, f: F) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn portal(hub: &Node, spoke: &Node, via: SocketAddr, hub_path: &str, spoke_path: &str, mode: &str) -> String {
+    let r = spoke
+        .fabric
+        .create(&admin(), CreatePortal {
+            hub: via.to_string(),
+            hub_path: hub_path.into(),
+            spoke_path: spoke_path.into(),
+            mode: mode.into(),
+            serve_stale: false,
+            hub_fingerprint: Some(hub.fabric.fingerprint().into()),
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.state, PortalState::Pending);
+    assert_eq!(hub.fabric.record(&r.id).unwrap().state, PortalState::Pending);
+    hub.fabric.authorize(&admin(), &r.id).unwrap();
+    let id = r.id.clone();
+    wait_for("the spoke to see the portal active", || spoke.fabric.record(&id).is_some_and(|r| r.state == PortalState::Active && r.lease_ms > 0)).await;
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_only_portal_life_cycle_coherence_and_cuts() {
+    let hub = node("eu").await;
+    let spoke = node("eu").await;
+    let wan = WanEmulator::start(WanConfig { delay: Duration::from_millis(10), ..WanConfig::new("127.0.0.1:0".parse().unwrap(), hub.fabric.local_addr().unwrap()) })
+        .await
+        .unwrap();
+    let big = random(5 << 20, 1);
+    let small = random(10_000, 2);
+    put(&hub.engine, "/data/big.bin", big.clone()).await.unwrap();
+    put(&hub.engine, "/data/sub/small.txt", small.clone()).await.unwrap();
+    put(&hub.engine, "/data/sub/deeper/empty", vec![]).await.unwrap();
+
+    // Before the hub authorizes it, the spoke directory refuses to serve.
+    let r = spoke
+        .fabric
+        .create(&admin(), CreatePortal {
+            hub: wan.local_addr().to_string(),
+            hub_path: "/data".into(),
+            spoke_path: "/mnt/data".into(),
+            mode: "ro".into(),
+            serve_stale: false,
+            hub_fingerprint: None,
+        })
+        .await
+        .unwrap();
+    match list(&spoke.engine, "/mnt/data").await {
+        Err(Error::Unavailable(m)) => assert!(m.contains("pending"), "{m}"),
+        other => panic!("pending portal served: {other:?}"),
+    }
+    hub.fabric.authorize(&admin(), &r.id).unwrap();
+    let id = r.id.clone();
+    wait_for("active", || spoke.fabric.record(&id).is_some_and(|r| r.state == PortalState::Active && r.lease_ms > 0)).await;
+
+    // The whole tree, bit-exact.
+    assert_eq!(list(&spoke.engine, "/mnt/data").await.unwrap(), vec!["big.bin", "sub"]);
+    assert_eq!(list(&spoke.engine, "/mnt/data/sub").await.unwrap(), vec!["deeper", "small.txt"]);
+    assert_eq!(get(&spoke.engine, "/mnt/data/big.bin").await.unwrap(), big);
+    assert_eq!(get(&spoke.engine, "/mnt/data/sub/small.txt").await.unwrap(), small);
+    assert_eq!(get(&spoke.engine, "/mnt/data/sub/deeper/empty").await.unwrap(), Vec::<u8>::new());
+    let hub_attr = hub.engine.resolve(&admin(), "/data/big.bin").unwrap();
+    let spoke_attr = spoke.engine.resolve(&admin(), "/mnt/data/big.bin").unwrap();
+    assert_eq!((spoke_attr.size, spoke_attr.mtime_ns, spoke_attr.mode), (hub_attr.size, hub_attr.mtime_ns, hub_attr.mode));
+    let wire_first = wan.stats().bytes_down;
+    // Read again: served from the spoke's cache, nothing new crosses the link.
+    assert_eq!(get(&spoke.engine, "/mnt/data/big.bin").await.unwrap(), big);
+    assert!(wan.stats().bytes_down < wire_first + 64 * 1024, "a cached read went over the WAN");
+
+    // A read-only portal refuses writes on the spoke.
+    assert!(matches!(put(&spoke.engine, "/mnt/data/new.txt", b"x".to_vec()).await, Err(Error::ReadOnly(_))));
+
+    // Change on the hub: the spoke sees the new version on its next access.
+    let mut big2 = big.clone();
+    big2[4_000_000..4_100_000].fill(7);
+    put(&hub.engine, "/data/big.bin", big2.clone()).await.unwrap();
+    put(&hub.engine, "/data/sub/added.txt", b"hello".to_vec()).await.unwrap();
+    let t = Instant::now();
+    loop {
+        let got = get(&spoke.engine, "/mnt/data/big.bin").await.unwrap();
+        if got == big2 {
+            break;
+        }
+        assert_eq!(got, big, "neither the old nor the new version");
+        assert!(t.elapsed() < Duration::from_secs(5), "the spoke kept serving the old version");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = spoke.fabric.spoke_stats(&id).unwrap();
+    assert!(stats["reused_bytes"].as_u64().unwrap() > 3 << 20, "unchanged chunks were fetched again: {stats}");
+    wait_for("the new file", || spoke.engine.resolve(&admin(), "/mnt/data/sub/added.txt").is_ok()).await;
+    assert_eq!(get(&spoke.engine, "/mnt/data/sub/added.txt").await.unwrap(), b"hello");
+
+    // Cut the link: cached data is served until the lease runs out, then refused.
+    wan.cut().await;
+    put(&hub.engine, "/data/sub/small.txt", b"changed while cut".to_vec()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(LEASE_MS + 1200)).await;
+    match get(&spoke.engine, "/mnt/data/sub/small.txt").await {
+        Err(Error::Unavailable(m)) => assert!(m.contains("lease") || m.contains("unreachable"), "{m}"),
+        Ok(v) => panic!("served {} bytes after the lease ran out (stale: {})", v.len(), v == small),
+        Err(e) => panic!("unexpected error {e}"),
+    }
+    assert_ne!(spoke.fabric.record(&id).unwrap().state, PortalState::Active);
+    wan.restore().await;
+    wait_for("reconnection", || spoke.fabric.record(&id).is_some_and(|r| r.state == PortalState::Active)).await;
+    let t = Instant::now();
+    loop {
+        match get(&spoke.engine, "/mnt/data/sub/small.txt").await {
+            Ok(v) if v == b"changed while cut" => break,
+            Ok(v) => assert!(v != small || t.elapsed() < Duration::from_secs(1), "stale bytes after reconnecting"),
+            Err(_) => {}
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no recovery after restore");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Delete on the spoke: the tree and its cached space go, the hub forgets the portal.
+    let before = spoke.engine.statfs(&admin()).unwrap().free_bytes;
+    spoke.fabric.delete(&admin(), &id).await.unwrap();
+    assert!(spoke.fabric.record(&id).is_none());
+    assert!(list(&spoke.engine, "/mnt/data").await.map(|v| v.is_empty()).unwrap_or(true));
+    assert!(hub.fabric.record(&id).is_none());
+    let after = spoke.engine.statfs(&admin()).unwrap().free_bytes;
+    assert!(after > before, "cached space not reclaimed ({before} -> {after})");
+    let audit = hub.engine.audit_list(&admin(), 0, 1000).unwrap();
+    for action in ["portal.propose", "portal.authorize", "portal.withdraw"] {
+        assert!(audit.iter().any(|r| r.action == action), "no {action} in the hub's audit log");
+    }
+    drop(wan);
+    hub.fabric.shutdown();
+    spoke.fabric.shutdown();
+    let _ = (&hub.dir, &spoke.dir, &hub.region);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_write_portal_forwards_writes_to_the_hub() {
+    let hub = node("us").await;
+    let spoke = node("us").await;
+    put(&hub.engine, "/proj/readme", b"hub file".to_vec()).await.unwrap();
+    let id = portal(&hub, &spoke, hub.fabric.local_addr().unwrap(), "/proj", "/proj", "rw").await;
+    let ckpt = random(3 << 20, 9);
+    put(&spoke.engine, "/proj/ckpt/step1.bin", ckpt.clone()).await.unwrap();
+    // Acknowledged = on the hub.
+    assert_eq!(get(&hub.engine, "/proj/ckpt/step1.bin").await.unwrap(), ckpt);
+    assert_eq!(get(&spoke.engine, "/proj/ckpt/step1.bin").await.unwrap(), ckpt);
+    let (h, s) = (hub.engine.resolve(&admin(), "/proj/ckpt/step1.bin").unwrap(), spoke.engine.resolve(&admin(), "/proj/ckpt/step1.bin").unwrap());
+    assert_eq!((h.size, h.mtime_ns), (s.size, s.mtime_ns));
+    // A second version that shares most chunks sends little.
+    let mut ckpt2 = ckpt.clone();
+    ckpt2[100..200].fill(1);
+    let before = spoke.fabric.spoke_stats(&id).unwrap()["wire_bytes"].as_u64().unwrap();
+    put(&spoke.engine, "/proj/ckpt/step2.bin", ckpt2.clone()).await.unwrap();
+    let sent = spoke.fabric.spoke_stats(&id).unwrap()["wire_bytes"].as_u64().unwrap() - before;
+    assert!(sent < 1 << 20, "{sent} bytes sent for a 100-byte change");
+    assert_eq!(get(&hub.engine, "/proj/ckpt/step2.bin").await.unwrap(), ckpt2);
+    // Rename and remove go to the hub too.
+    let e = spoke.engine.clone();
+    tokio::task::spawn_blocking(move || {
+        let c = admin();
+        let d = e.resolve(&c, "/proj/ckpt").unwrap();
+        e.rename(&c, d.ino, b"step1.bin", d.ino, b"old.bin").unwrap();
+        e.unlink(&c, d.ino, b"step2.bin").unwrap();
+        // In-place writes are not forwarded: a clear refusal, nothing changed.
+        let f = e.lookup(&c, d.ino, b"old.bin").unwrap();
+        assert!(matches!(e.write(&c, f.ino, 0, b"zz", Stability::Unstable), Err(Error::NotSupported(_))));
+    })
+    .await
+    .unwrap();
+    assert_eq!(list(&hub.engine, "/proj/ckpt").await.unwrap(), vec!["old.bin"]);
+    assert_eq!(get(&hub.engine, "/proj/ckpt/old.bin").await.unwrap(), ckpt);
+    assert_eq!(get(&spoke.engine, "/proj/readme").await.unwrap(), b"hub file");
+    hub.fabric.shutdown();
+    spoke.fabric.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn residency_certificates_and_bad_input_are_refused() {
+    let hub = node("eu").await;
+    let spoke = node("us").await;
+    put(&hub.engine, "/eu-only/data/x", b"x".to_vec()).await.unwrap();
+    put(&hub.engine, "/open/y", b"y".to_vec()).await.unwrap();
+    let label = hub.engine.resolve(&admin(), "/eu-only").unwrap();
+    hub.engine.setxattr(&admin(), label.ino, fabric::hub::RESIDENCY_XATTR, b"eu").unwrap();
+    // Ordinary users cannot remove a label.
+    let user = Caller { user: "u".into(), uid: 1000, gid: 1000, groups: vec![], role: storage_engine::Role::User };
+    assert!(hub.engine.removexattr(&user, label.ino, fabric::hub::RESIDENCY_XATTR).is_err());
+    let hub_addr = hub.fabric.local_addr().unwrap().to_string();
+    let req = |hub_path: &str, spoke_path: &str| CreatePortal {
+        hub: hub_addr.clone(),
+        hub_path: hub_path.into(),
+        spoke_path: spoke_path.into(),
+        mode: "ro".into(),
+        serve_stale: false,
+        hub_fingerprint: None,
+    };
+    // Labelled data may not go to a cluster in another region: refused, logged, nothing made.
+    let e = spoke.fabric.create(&admin(), req("/eu-only/data", "/mnt/eu")).await.unwrap_err();
+    assert_eq!(e.status, 403, "{}", e.message);
+    assert!(e.message.contains("residency"), "{}", e.message);
+    assert!(hub.fabric.records().unwrap().is_empty());
+    assert!(hub.engine.audit_list(&admin(), 0, 100).unwrap().iter().any(|r| r.action == "portal.refused"));
+    // A hub path that does not exist.
+    let e = spoke.fabric.create(&admin(), req("/nope", "/mnt/nope")).await.unwrap_err();
+    assert_eq!(e.status, 404, "{}", e.message);
+    // A pinned fingerprint that does not match.
+    let mut bad = req("/open", "/mnt/open");
+    bad.hub_fingerprint = Some("00".repeat(32));
+    let e = spoke.fabric.create(&admin(), bad).await.unwrap_err();
+    assert!(e.message.contains("pinned"), "{}", e.message);
+    // Not an admin.
+    assert_eq!(spoke.fabric.create(&user, req("/open", "/mnt/open")).await.unwrap_err().status, 403);
+
+    // A working portal, then the spoke comes back with another certificate: refused.
+    let id = portal(&hub, &spoke, hub.fabric.local_addr().unwrap(), "/open", "/mnt/open", "ro").await;
+    assert_eq!(get(&spoke.engine, "/mnt/open/y").await.unwrap(), b"y");
+    spoke.fabric.shutdown();
+    std::fs::remove_file(spoke.dir.path().join("fabric/cluster-cert.pem")).unwrap();
+    std::fs::remove_file(spoke.dir.path().join("fabric/cluster-key.pem")).unwrap();
+    let impostor = start_fabric(spoke.engine.clone(), spoke.dir.path(), "us").await;
+    wait_for("the hub to refuse the new certificate", || {
+        impostor.record(&id).is_some_and(|r| r.state != PortalState::Active && r.reason.contains("certificate"))
+    })
+    .await;
+    assert!(hub.engine.audit_list(&admin(), 0, 1000).unwrap().iter().any(|r| r.action == "portal.refused" && r.outcome.contains("certificate")));
+
+    // Malformed input on the fabric port: plain garbage, then a TLS peer sending a huge
+    // length and garbage frames. The hub closes those connections and keeps serving.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = hub.fabric.local_addr().unwrap();
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n\x00\x01\x02garbage").await.unwrap();
+    let mut buf = [0u8; 64];
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.expect("garbage connection closed");
+    for payload in [vec![0xff, 0xff, 0xff, 0xff], vec![0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8]] {
+        let id = fabric::tls::Identity::generate("stranger").unwrap();
+        let connector = id.connector().unwrap();
+        let ssl = connector.configure().unwrap().verify_hostname(false).into_ssl("aquifer").unwrap();
+        let sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut tls = tokio_openssl::SslStream::new(ssl, sock).unwrap();
+        std::pin::Pin::new(&mut tls).connect().await.unwrap();
+        tls.write_all(&payload).await.unwrap();
+        tls.flush().await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buf)).await.expect("closed after bad frames");
+        assert!(matches!(n, Ok(0) | Err(_)), "the hub answered a malformed frame");
+    }
+    // A stranger that speaks the protocol but names a portal it was not given.
+    assert_eq!(hub.fabric.record(&id).unwrap().state, PortalState::Active);
+    put(&hub.engine, "/open/z", b"z".to_vec()).await.unwrap();
+    assert_eq!(get(&hub.engine, "/open/z").await.unwrap(), b"z");
+    impostor.shutdown();
+    hub.fabric.shutdown();
+}
