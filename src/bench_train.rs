@@ -494,9 +494,17 @@ fn s3_key(creds: &Creds) -> Result<S3Key> {
 /// `YYYYMMDD` and `YYYYMMDDTHHMMSSZ` for a time (UTC).
 fn amz_dates(t: SystemTime) -> (String, String) {
     let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let date = format!("{y:04}{m:02}{d:02}");
+    let full = format!("{date}T{:02}{:02}{:02}Z", rem / 3600, rem / 60 % 60, rem % 60);
+    (date, full)
+}
+
+/// (year, month, day) of the proleptic Gregorian calendar for a count of days since
+/// 1970-01-01 (Howard Hinnant's civil_from_days).
+pub(crate) fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
@@ -504,10 +512,7 @@ fn amz_dates(t: SystemTime) -> (String, String) {
     let mp = (5 * doy + 2) / 153;
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let date = format!("{y:04}{m:02}{d:02}");
-    let full = format!("{date}T{:02}{:02}{:02}Z", rem / 3600, rem / 60 % 60, rem % 60);
-    (date, full)
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 fn hmac(key: &[u8], data: &str) -> Vec<u8> {

@@ -945,17 +945,8 @@ fn human_bytes(n: u64) -> String {
 /// `YYYY-MM-DD HH:MM` in UTC (civil-from-days, proleptic Gregorian calendar).
 fn utc_time(ns: i64) -> String {
     let secs = ns.div_euclid(1_000_000_000);
-    let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + if month <= 2 { 1 } else { 0 };
+    let (year, month, day) = crate::bench_train::civil_from_days(secs.div_euclid(86_400));
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}", rem / 3600, rem % 3600 / 60)
 }
 
