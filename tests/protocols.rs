@@ -1,6 +1,7 @@
-//! One namespace, every protocol: a file written through any of REST, S3, NFSv3 and SFTP reads
-//! back bit-exact, with the same size, through all the others — with the real clients
-//! (awscli, libnfs `nfs-cp`/`nfs-cat`, OpenSSH `sftp` via `sshpass`) against one daemon.
+//! One namespace, every protocol: a file written through any of REST, S3, NFSv3, SFTP and SMB
+//! reads back bit-exact, with the same size, through all the others — with the real clients
+//! (awscli, libnfs `nfs-cp`/`nfs-cat`, OpenSSH `sftp` via `sshpass`, Samba's `smbclient`)
+//! against one daemon.
 
 mod common;
 
@@ -62,6 +63,18 @@ fn sftp(d: &Daemon, batch: &str, work: &Path) -> Vec<u8> {
     ok(o, "sftp batch")
 }
 
+fn smb(d: &Daemon, commands: &str) {
+    let port = d.smb.rsplit(':').next().unwrap();
+    let o = run(
+        "smbclient",
+        &["//127.0.0.1/aquifer", "-p", port, "-m", "SMB3", "-U", &format!("admin%{ADMIN_PASSWORD}"), "-s", "/dev/null", "-c", commands],
+        &[],
+        "smbclient",
+    );
+    let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success() && !all.contains("NT_STATUS_"), "smbclient {commands:?}: {all}");
+}
+
 fn rest_get(d: &Daemon, path: &str) -> Vec<u8> {
     let r = d.client().get(d.url(&format!("/api/v1/files/{path}"))).basic_auth("admin", Some(ADMIN_PASSWORD)).send().unwrap();
     assert_eq!(r.status(), 200, "REST GET {path}");
@@ -75,7 +88,7 @@ fn a_file_written_through_any_protocol_reads_back_through_all_others() {
     let d = Daemon::start(&dir.path().join("data"), &[]);
     aws(&d, &["s3", "mb", "s3://shared"]);
 
-    let sources = ["rest", "s3", "nfs", "sftp"];
+    let sources = ["rest", "s3", "nfs", "sftp", "smb"];
     for (i, src) in sources.iter().enumerate() {
         let data = bytes(i as u64 + 1, 3_000_000 + i * 12_345);
         let local = work.path().join(format!("{src}.bin"));
@@ -96,6 +109,9 @@ fn a_file_written_through_any_protocol_reads_back_through_all_others() {
             "sftp" => {
                 sftp(&d, &format!("put {l} /shared/{key}\n"), work.path());
             }
+            "smb" => {
+                smb(&d, &format!("put {l} shared\\{key}"));
+            }
             _ => unreachable!(),
         }
         // Read it through every protocol.
@@ -105,6 +121,9 @@ fn a_file_written_through_any_protocol_reads_back_through_all_others() {
         let back = work.path().join(format!("{src}.back"));
         sftp(&d, &format!("get /shared/{key} {}\n", back.display()), work.path());
         assert!(std::fs::read(&back).unwrap() == data, "{src} -> SFTP");
+        let back = work.path().join(format!("{src}.smb-back"));
+        smb(&d, &format!("get shared\\{key} {}", back.display()));
+        assert!(std::fs::read(&back).unwrap() == data, "{src} -> SMB");
         let head: serde_json::Value = serde_json::from_slice(&aws(&d, &["s3api", "head-object", "--bucket", "shared", "--key", &key])).unwrap();
         assert_eq!(head["ContentLength"].as_u64(), Some(data.len() as u64), "{src}: S3 size");
     }

@@ -218,6 +218,7 @@ impl ShareBackend for EngineShare {
             is_dir: attr.kind == FileKind::Dir,
             case_sensitive: true,
             wrote: AtomicBool::new(false),
+            opened_by: smb_server::request_identity(),
         };
         Ok((Box::new(handle), action))
     }
@@ -304,6 +305,9 @@ struct EngineHandle {
     is_dir: bool,
     case_sensitive: bool,
     wrote: AtomicBool,
+    /// The session identity of the open: a delete-on-close completed by this handle's close
+    /// runs as it, also at connection teardown.
+    opened_by: Option<Identity>,
 }
 
 impl EngineHandle {
@@ -421,6 +425,10 @@ impl Handle for EngineHandle {
             self.with(|e, c, ino| e.close(c, ino)).await?;
         }
         Ok(())
+    }
+
+    fn opened_by(&self) -> Option<Identity> {
+        self.opened_by.clone()
     }
 
     async fn link_count(&self) -> SmbResult<u32> {

@@ -336,6 +336,14 @@ pub trait Handle: Send + Sync {
     /// Close the handle. Boxed self lets implementors consume internal state.
     async fn close(self: Box<Self>) -> SmbResult<()>;
 
+    /// The identity the handle was opened by (Aquifer patch). A delete-on-close that this
+    /// handle's close completes runs as that identity (see
+    /// [`crate::request_identity`]), also when the close happens outside a request, at
+    /// connection teardown. The default, `None`, leaves it to the closing request's.
+    fn opened_by(&self) -> Option<crate::Identity> {
+        None
+    }
+
     /// Number of hard links to the file, reported as NumberOfLinks by
     /// FileStandardInformation. `0` means the file has been deleted while
     /// open. The default reports `1`.

@@ -163,6 +163,8 @@ pub(crate) async fn finish_close(
     };
     let delete_on_close =
         delete_on_close && (!is_directory || handle.dir_is_empty().await.unwrap_or(false));
+    // Aquifer patch: the deletion below runs as the handle's opener.
+    let opener = handle.opened_by().or_else(crate::request_identity);
     if let Err(e) = handle.close().await {
         let path = file.as_ref().map(FileRef::path).unwrap_or_default();
         debug!(error = %e, path = %path, "backend close failed");
@@ -190,7 +192,10 @@ pub(crate) async fn finish_close(
         Some(pending) => {
             drop(names);
             drop(exclusive);
-            pending.run().await;
+            match opener {
+                Some(identity) => crate::request_identity::scope(identity, pending.run()).await,
+                None => pending.run().await,
+            }
         }
         None => {
             if wrote && (names.is_some() || exclusive.is_some()) {
