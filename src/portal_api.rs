@@ -28,6 +28,7 @@ pub const FABRIC_LISTEN_DEFAULT: &str = "127.0.0.1:7700";
 pub fn config(data_dir: &Path, file: &FabricEntry, listen: Option<SocketAddr>, region: Option<String>, name: Option<String>) -> FabricConfig {
     FabricConfig {
         listen: Some(listen.or(file.listen).unwrap_or_else(|| FABRIC_LISTEN_DEFAULT.parse().expect("address"))),
+        listen_required: listen.is_some() || file.listen.is_some(),
         region: region.or(file.region.clone()).unwrap_or_else(|| "local".into()),
         name: name.or(file.name.clone()).unwrap_or_else(|| {
             std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "aquifer".into())

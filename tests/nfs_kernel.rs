@@ -43,7 +43,7 @@ fn start_daemon(data_dir: &Path, nfs_port: u16) -> Daemon {
         .arg("serve")
         .arg("--data-dir")
         .arg(data_dir)
-        .args(["--rest", "127.0.0.1:0", "--s3", "127.0.0.1:0", "--sftp", "127.0.0.1:0", "--drive-size", "256MiB"])
+        .args(["--rest", "127.0.0.1:0", "--s3", "127.0.0.1:0", "--sftp", "127.0.0.1:0", "--fabric", "127.0.0.1:0", "--drive-size", "256MiB"])
         .arg("--nfs")
         .arg(format!("127.0.0.1:{nfs_port}"))
         .env("AQUIFER_ADMIN_PASSWORD", ADMIN_PASSWORD)
@@ -72,6 +72,7 @@ fn start_daemon(data_dir: &Path, nfs_port: u16) -> Daemon {
         nfs: format!("127.0.0.1:{nfs_port}"),
         sftp: String::new(),
         smb: String::new(),
+        fabric: String::new(),
         data_dir: data_dir.to_path_buf(),
     };
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -93,6 +93,9 @@ pub struct PortalRecord {
 #[derive(Debug, Clone)]
 pub struct FabricConfig {
     pub listen: Option<SocketAddr>,
+    /// The listener was asked for explicitly: failing to bind it is an error. Otherwise (the
+    /// embedded default address) the daemon runs without one, as a spoke only, and says so.
+    pub listen_required: bool,
     /// This cluster's region (residency labels are matched against it).
     pub region: String,
     /// A name for this cluster, shown to peers.
@@ -211,8 +214,18 @@ impl Fabric {
             stop: tokio::sync::watch::channel(false).0,
         });
         engine.set_remote_source(Arc::new(FabricSource(Arc::downgrade(&fabric))));
-        if let Some(addr) = cfg.listen {
-            let l = TcpListener::bind(addr).await.with_context(|| format!("binding the fabric listener to {addr}"))?;
+        let listener = match cfg.listen {
+            Some(addr) => match TcpListener::bind(addr).await {
+                Ok(l) => Some(l),
+                Err(e) if !cfg.listen_required => {
+                    tracing::warn!("no fabric listener on {addr} ({e}): this cluster can be a portal spoke but not a hub; give --fabric ADDR");
+                    None
+                }
+                Err(e) => return Err(e).with_context(|| format!("binding the fabric listener to {addr}")),
+            },
+            None => None,
+        };
+        if let Some(l) = listener {
             *fabric.local_addr.lock() = Some(l.local_addr()?);
             let acceptor = Arc::new(fabric.identity.acceptor()?);
             let f = fabric.clone();
@@ -762,14 +775,17 @@ impl Fabric {
     }
 
     fn degrade(&self, id: &str, why: &str) {
-        let changed = self.update(id, |r| {
+        let mut was_active = false;
+        self.update(id, |r| {
             if r.state == PortalState::Active {
+                was_active = true;
                 r.state = PortalState::Degraded;
             }
             r.reason = why.into();
         });
-        if changed.is_some_and(|r| r.state == PortalState::Degraded) {
+        if was_active {
             tracing::warn!(portal = id, reason = why, "portal degraded");
+            self.audit("fabric", "portal.degraded", id, why);
         }
     }
 

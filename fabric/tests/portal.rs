@@ -24,6 +24,7 @@ struct Node {
 async fn start_fabric(engine: Arc<Engine>, dir: &std::path::Path, region: &str) -> Arc<Fabric> {
     let cfg = FabricConfig {
         listen: Some("127.0.0.1:0".parse().unwrap()),
+        listen_required: true,
         region: region.into(),
         name: format!("test-{region}"),
         identity_dir: dir.join("fabric"),

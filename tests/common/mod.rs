@@ -19,6 +19,8 @@ pub struct Daemon {
     pub sftp: String,
     /// host:port of SMB; empty when the daemon serves no SMB.
     pub smb: String,
+    /// host:port of the fabric listener.
+    pub fabric: String,
     pub data_dir: PathBuf,
 }
 
@@ -35,6 +37,7 @@ impl Daemon {
             .arg(data_dir)
             .args(["--rest", "127.0.0.1:0", "--s3", "127.0.0.1:0", "--nfs", "127.0.0.1:0", "--sftp", "127.0.0.1:0"])
             .args(if extra.contains(&"--smb") || extra.contains(&"--config") { &[][..] } else { &["--smb", "127.0.0.1:0"][..] })
+            .args(if extra.contains(&"--fabric") || extra.contains(&"--config") { &[][..] } else { &["--fabric", "127.0.0.1:0"][..] })
             .args(if extra.contains(&"--drive-size") { &[][..] } else { &["--drive-size", "256MiB"][..] })
             .args(extra)
             .env("AQUIFER_ADMIN_PASSWORD", ADMIN_PASSWORD)
@@ -51,11 +54,14 @@ impl Daemon {
             let after = |line: &str, scheme: &str| -> String {
                 line.find(scheme).map(|i| line[i + scheme.len()..].chars().take_while(|c| *c != '/' && *c != ',' && *c != ' ').collect()).unwrap_or_default()
             };
-            let mut others = (String::new(), String::new(), String::new(), String::new());
+            let mut others = (String::new(), String::new(), String::new(), String::new(), String::new());
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 if line.starts_with("SMB at") {
                     others.3 = after(&line, "smb://");
+                }
+                if line.starts_with("Fabric at") {
+                    others.4 = after(&line, "fabric://");
                 }
                 if line.starts_with("S3 at") {
                     (others.0, others.1, others.2) = (after(&line, "s3://"), after(&line, "nfs://"), after(&line, "sftp://"));
@@ -65,8 +71,8 @@ impl Daemon {
                 }
             }
         });
-        let (rest, (s3, nfs, sftp, smb)) = rx.recv_timeout(Duration::from_secs(60)).expect("daemon printed its addresses");
-        let d = Daemon { child, rest, s3, nfs, sftp, smb, data_dir: data_dir.to_path_buf() };
+        let (rest, (s3, nfs, sftp, smb, fabric)) = rx.recv_timeout(Duration::from_secs(60)).expect("daemon printed its addresses");
+        let d = Daemon { child, rest, s3, nfs, sftp, smb, fabric, data_dir: data_dir.to_path_buf() };
         d.wait_healthy();
         d
     }
