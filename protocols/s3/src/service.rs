@@ -40,6 +40,8 @@ const FILE_MODE: u32 = 0o644;
 /// Objects put with the canned ACL `private`.
 const OWNER_ONLY_MODE: u32 = 0o600;
 const DIR_MODE: u32 = 0o755;
+/// The read bit of `Engine::access` masks (as access(2)'s R_OK).
+const ACCESS_READ: u32 = 4;
 /// Objects in one DeleteObjects request (as S3).
 const DELETE_OBJECTS_MAX: usize = 1000;
 
@@ -706,6 +708,11 @@ fn view_object(engine: &Engine, caller: &Caller, bucket: &str, key: &str) -> S3R
         }
         KeyForm::Object(k) => {
             let attr = object_attr(engine, caller, b.ino, k)?;
+            // Reading the bytes checks the mode, but an empty object (or a cached ETag) needs
+            // no read: ask, so that a private object is refused whatever its size.
+            if engine.access(caller, attr.ino, ACCESS_READ).map_err(|e| map_err(e, Missing::Key))? & ACCESS_READ == 0 {
+                return Err(err(S3ErrorCode::AccessDenied, "the object's mode does not let you read it"));
+            }
             let etag = etag_of(engine, caller, &attr)?;
             let meta = load_meta(engine, caller, attr.ino);
             let tags = load_tags(engine, caller, attr.ino).len();

@@ -40,6 +40,15 @@ async fn anonymous_reads_need_a_public_read_bucket() {
     let res = s.http.get(format!("{}/pub/secret.txt", s.endpoint())).send().await.unwrap();
     assert_eq!(res.status().as_u16(), 403, "a private object is not anonymously readable");
     assert_eq!(s.call("GET", "/pub/secret.txt", &[], vec![]).await.0, 200, "its owner reads it");
+    // Also when it is empty (no bytes to read, so no read to refuse), for GET and HEAD.
+    let res = s.signed("PUT", "/pub/empty-secret", &[], vec![]).header("x-amz-acl", "private").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let res = s.http.get(format!("{}/pub/empty-secret", s.endpoint())).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 403, "an empty private object is not anonymously readable");
+    assert_eq!(error_code(&res.text().await.unwrap()), "AccessDenied");
+    let res = s.http.head(format!("{}/pub/empty-secret", s.endpoint())).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 403);
+    assert_eq!(s.call("GET", "/pub/empty-secret", &[], vec![]).await, (200, String::new()));
     let res = s.signed("PUT", "/pub/other.txt", &[], b"s".to_vec()).header("x-amz-acl", "authenticated-read").send().await.unwrap();
     assert_eq!(res.status().as_u16(), 501);
     // Reading is all an anonymous client may do.
