@@ -675,29 +675,26 @@ fn plan(ds: &Dataset, workers: usize, batch: usize, epochs: u64, shuffle_each_ep
     out
 }
 
-/// Batches until the stall, averaged over the last `window` batches, stays below 2 % of the
-/// compute time: one past the last batch whose window average is at or above it. `None` when
-/// the run ends still above it.
+/// Warm-up: the batches before the stall settles — the smallest k such that, from batch k on,
+/// every run of `window` consecutive batches (fewer at the end of the run) stalls on average
+/// less than 2 % of the compute time. `None` when the run ends before that happens.
 fn warmup_batches(stalls_ms: &[f64], compute_ms: f64, window: usize) -> Option<usize> {
     let threshold = 0.02 * compute_ms;
     let window = window.max(1);
+    let n = stalls_ms.len();
     let mut sum = 0.0;
-    let mut last_bad = None;
-    for (j, s) in stalls_ms.iter().enumerate() {
-        sum += s;
-        if j >= window {
-            sum -= stalls_ms[j - window];
+    // Windows starting at j, from the end backwards; the first bad one found decides.
+    for j in (0..n).rev() {
+        sum += stalls_ms[j];
+        if j + window < n {
+            sum -= stalls_ms[j + window];
         }
-        let n = (j + 1).min(window) as f64;
-        if sum / n >= threshold {
-            last_bad = Some(j);
+        let len = (n - j).min(window) as f64;
+        if sum / len >= threshold {
+            return (j + 1 < n).then_some(j + 1);
         }
     }
-    match last_bad {
-        None => Some(0),
-        Some(j) if j + 1 == stalls_ms.len() => None,
-        Some(j) => Some(j + 1),
-    }
+    Some(0)
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -933,8 +930,10 @@ mod tests {
         assert_eq!(warmup_batches(&[0.0; 20], 100.0, 5), Some(0));
         let mut s = vec![50.0, 30.0, 10.0];
         s.extend([0.0; 20]);
-        // Window 5: the average first drops under 2 ms at batch index 7 (only zeros from 3..=7).
-        assert_eq!(warmup_batches(&s, 100.0, 5), Some(7));
+        // Window 5: from batch 3 on every window is all zeros; the one starting at 2 averages 2 ms.
+        assert_eq!(warmup_batches(&s, 100.0, 5), Some(3));
+        // One slow first batch is one batch of warm-up, whatever the window.
+        assert_eq!(warmup_batches(&[90.0, 0.0, 0.0, 0.0], 100.0, 10), Some(1));
         s.push(100.0);
         assert_eq!(warmup_batches(&s, 100.0, 5), None, "a stall at the end: never warmed up");
         assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 50.0), 2.0);
