@@ -677,7 +677,9 @@ fn plan(ds: &Dataset, workers: usize, batch: usize, epochs: u64, shuffle_each_ep
 
 /// Warm-up: the batches before the stall settles — the smallest k such that, from batch k on,
 /// every run of `window` consecutive batches (fewer at the end of the run) stalls on average
-/// less than 2 % of the compute time. `None` when the run ends before that happens.
+/// less than 2 % of the compute time, with at least one whole window of such batches observed
+/// after it (a run's last few batches, prepared in advance, are not a steady state). `None`
+/// when the run ends before that.
 fn warmup_batches(stalls_ms: &[f64], compute_ms: f64, window: usize) -> Option<usize> {
     let threshold = 0.02 * compute_ms;
     let window = window.max(1);
@@ -691,7 +693,7 @@ fn warmup_batches(stalls_ms: &[f64], compute_ms: f64, window: usize) -> Option<u
         }
         let len = (n - j).min(window) as f64;
         if sum / len >= threshold {
-            return (j + 1 < n).then_some(j + 1);
+            return (n - (j + 1) >= window).then_some(j + 1);
         }
     }
     Some(0)
@@ -933,7 +935,10 @@ mod tests {
         // Window 5: from batch 3 on every window is all zeros; the one starting at 2 averages 2 ms.
         assert_eq!(warmup_batches(&s, 100.0, 5), Some(3));
         // One slow first batch is one batch of warm-up, whatever the window.
-        assert_eq!(warmup_batches(&[90.0, 0.0, 0.0, 0.0], 100.0, 10), Some(1));
+        assert_eq!(warmup_batches(&[90.0, 0.0, 0.0, 0.0], 100.0, 3), Some(1));
+        // ... but settling only in the last batches, fewer than a window, is not warmed up.
+        assert_eq!(warmup_batches(&[90.0, 0.0, 0.0, 0.0], 100.0, 4), None);
+        assert_eq!(warmup_batches(&[0.0, 0.0], 100.0, 10), Some(0), "a short run that never stalled");
         s.push(100.0);
         assert_eq!(warmup_batches(&s, 100.0, 5), None, "a stall at the end: never warmed up");
         assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 50.0), 2.0);
