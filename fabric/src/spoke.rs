@@ -256,16 +256,21 @@ impl SpokePortal {
         let id = self.id();
         let link = self.link.read().clone().ok_or_else(|| unavailable(&id, "not connected to the hub"))?;
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
-        let epoch = link.epoch();
-        {
+        // A new connection may have lost invalidations: nothing verified before it counts.
+        // Checked before the call and again after it, since the answer may have come on a
+        // connection made during the call.
+        let new_epoch = |epoch: u64| {
             let mut co = self.co.lock();
             if co.epoch_seen != epoch {
                 co.epoch_seen = epoch;
                 co.generation += 1;
                 co.verified.clear();
             }
-        }
-        match link.call(req) {
+        };
+        new_epoch(link.epoch());
+        let answer = link.call(req);
+        new_epoch(link.epoch());
+        match answer {
             Ok(Response::Error { code, message }) => Err(hub_error(&id, code, &message)),
             Ok(r) => {
                 self.co.lock().link_down_since_ns = None;
