@@ -119,6 +119,14 @@ struct Lru {
     bytes: u64,
 }
 
+/// Byte spans of one file being fetched right now, and a condition to wait for them.
+#[derive(Default)]
+struct FillState {
+    inflight: Vec<(u64, u64)>,
+}
+
+type FillSlot = Arc<(Mutex<FillState>, parking_lot::Condvar)>;
+
 /// Settings of a spoke portal.
 #[derive(Debug, Clone)]
 pub struct SpokeSettings {
@@ -142,7 +150,7 @@ pub struct SpokePortal {
     co: Mutex<Coherence>,
     manifests: Mutex<(HashMap<(Ino, u64), Arc<Vec<ChunkRef>>>, VecDeque<(Ino, u64)>)>,
     index: Mutex<ChunkIndex>,
-    fill_locks: Mutex<HashMap<Ino, Arc<Mutex<()>>>>,
+    fill_locks: Mutex<HashMap<Ino, FillSlot>>,
     lru: Mutex<Lru>,
     prefetcher: Mutex<neuralcache::Prefetcher>,
     spawner: Option<PrefetchSpawner>,
@@ -597,7 +605,7 @@ impl SpokePortal {
 
     // ------------------------------------------------------------ data
 
-    fn fill_lock(&self, ino: Ino) -> Arc<Mutex<()>> {
+    fn fill_slot(&self, ino: Ino) -> FillSlot {
         self.fill_locks.lock().entry(ino).or_default().clone()
     }
 
@@ -637,59 +645,105 @@ impl SpokePortal {
     }
 
     /// Makes `[offset, offset+len)` of mirror file `ino` present in its cache file.
+    ///
+    /// Several fills of one file run at once (demand reads and read-ahead): each claims the
+    /// span of chunks it fetches, waits only for claimed spans it needs, fetches without the
+    /// file's lock, and records what arrived under it.
     pub fn fill(&self, ino: Ino, offset: u64, len: u64, stale_ok: bool) -> Result<()> {
-        let lock = self.fill_lock(ino);
-        let _g = lock.lock();
+        let slot = self.fill_slot(ino);
+        let (m, cv) = &*slot;
         for _ in 0..ATTEMPTS_MAX {
-            let mut stub = self.engine.remote_stub(ino)?.ok_or(Error::Stale)?;
-            let size = self.engine.getattr(&Self::caller(), ino)?.size;
-            let end = size.min(offset.saturating_add(len));
-            let (start, end) = if size <= WHOLE_FILE_BELOW_BYTES { (0, size) } else { (offset, end) };
-            if stub.has(start, end) {
-                if stale_ok && !self.is_verified(stub.hub_ino) {
-                    self.stale_served(ino);
+            let mut st = m.lock();
+            let (stub, wanted, span) = loop {
+                let mut stub = self.engine.remote_stub(ino)?.ok_or(Error::Stale)?;
+                let size = self.engine.getattr(&Self::caller(), ino)?.size;
+                let end = size.min(offset.saturating_add(len));
+                let (start, end) = if size <= WHOLE_FILE_BELOW_BYTES { (0, size) } else { (offset, end) };
+                if stub.has(start, end) {
+                    if stale_ok && !self.is_verified(stub.hub_ino) {
+                        self.stale_served(ino);
+                    }
+                    drop(st);
+                    self.touch(ino, stub.present_bytes());
+                    return Ok(());
                 }
-                self.touch(ino, stub.present_bytes());
-                return Ok(());
-            }
-            if stale_ok {
-                return Err(unavailable(&stub.portal, "data not cached and no lease from the hub"));
-            }
-            let manifest = match self.manifest(ino, &stub) {
-                Ok(m) => m,
-                Err(Error::Stale) => {
-                    self.revalidate(ino, &stub)?;
+                if stale_ok {
+                    return Err(unavailable(&stub.portal, "data not cached and no lease from the hub"));
+                }
+                let manifest = match self.manifest(ino, &stub) {
+                    Ok(m) => m,
+                    Err(Error::Stale) => {
+                        self.revalidate(ino, &stub)?;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                if stub.cache_ino == 0 {
+                    stub.cache_ino = self.engine.remote_new_cache_file(&Self::caller())?;
+                    self.engine.remote_stub_put(&Self::caller(), ino, &stub)?;
+                }
+                let claimed = |c: &ChunkRef| st.inflight.iter().any(|&(a, b)| a < c.end() && c.offset < b);
+                let missing: Vec<ChunkRef> =
+                    manifest.iter().filter(|c| c.end() > start && c.offset < end && !stub.has(c.offset, c.end())).copied().collect();
+                let wanted: Vec<ChunkRef> = missing.iter().filter(|c| !claimed(c)).copied().collect();
+                if wanted.is_empty() {
+                    // Everything missing is being fetched by another fill: wait for it.
+                    cv.wait(&mut st);
                     continue;
                 }
-                Err(e) => return Err(e),
+                let span = (wanted[0].offset, wanted[wanted.len() - 1].end());
+                break (stub, wanted, span);
             };
-            if stub.cache_ino == 0 {
-                stub.cache_ino = self.engine.remote_new_cache_file(&Self::caller())?;
-                self.engine.remote_stub_put(&Self::caller(), ino, &stub)?;
-            }
-            let wanted: Vec<ChunkRef> =
-                manifest.iter().filter(|c| c.end() > start && c.offset < end && !stub.has(c.offset, c.end())).copied().collect();
-            match self.fetch_into(&stub, &wanted) {
-                Ok(()) => {}
+            st.inflight.push(span);
+            drop(st);
+            let fetched = self.fetch_into(&stub, &wanted);
+            let mut st = m.lock();
+            st.inflight.retain(|r| *r != span);
+            cv.notify_all();
+            let recorded = match fetched {
+                Ok(()) => self.record_fill(ino, &stub, &wanted),
+                Err(e) => Err(e),
+            };
+            drop(st);
+            match recorded {
+                Ok(present) => {
+                    self.touch(ino, present);
+                    self.evict_if_needed(ino);
+                    // The span claimed may not cover all of the range if others held parts.
+                    continue;
+                }
                 Err(Error::Stale) => {
                     self.revalidate(ino, &stub)?;
                     continue;
                 }
                 Err(e) => return Err(e),
             }
-            self.engine.close(&Self::caller(), stub.cache_ino)?;
-            let mut index = self.index.lock();
-            for c in &wanted {
-                stub.add_present(c.offset, c.end());
-                index.add(stub.cache_ino, c);
-            }
-            drop(index);
-            self.engine.remote_stub_put(&Self::caller(), ino, &stub)?;
-            self.touch(ino, stub.present_bytes());
-            self.evict_if_needed(ino);
+        }
+        // One more look: the range may be complete now.
+        let stub = self.engine.remote_stub(ino)?.ok_or(Error::Stale)?;
+        let size = self.engine.getattr(&Self::caller(), ino)?.size;
+        if stub.has(offset.min(size), size.min(offset.saturating_add(len))) || size <= WHOLE_FILE_BELOW_BYTES && stub.has(0, size) {
             return Ok(());
         }
         Err(unavailable(&self.id(), "the file kept changing while it was fetched"))
+    }
+
+    /// Records chunks written into the cache file (under the file's fill lock). `Stale` when
+    /// the file moved to another version (or cache file) meanwhile.
+    fn record_fill(&self, ino: Ino, fetched_for: &RemoteStub, wanted: &[ChunkRef]) -> Result<u64> {
+        let mut stub = self.engine.remote_stub(ino)?.ok_or(Error::Stale)?;
+        if stub.cache_ino != fetched_for.cache_ino || stub.hub_version != fetched_for.hub_version {
+            return Err(Error::Stale);
+        }
+        self.engine.close(&Self::caller(), stub.cache_ino)?;
+        let mut index = self.index.lock();
+        for c in wanted {
+            stub.add_present(c.offset, c.end());
+            index.add(stub.cache_ino, c);
+        }
+        drop(index);
+        self.engine.remote_stub_put(&Self::caller(), ino, &stub)?;
+        Ok(stub.present_bytes())
     }
 
     /// Writes `wanted` chunks into the stub's cache file: copied from chunks held locally,
@@ -841,8 +895,12 @@ impl SpokePortal {
 
     /// Drops the cached bytes of one mirror file.
     pub fn evict(&self, ino: Ino) -> Result<()> {
-        let lock = self.fill_lock(ino);
-        let _g = lock.lock();
+        let slot = self.fill_slot(ino);
+        let (m, cv) = &*slot;
+        let mut st = m.lock();
+        while !st.inflight.is_empty() {
+            cv.wait(&mut st);
+        }
         let bytes = self.forget_cache(ino);
         if let Some(mut stub) = self.engine.remote_stub(ino)? {
             if stub.cache_ino != 0 {
