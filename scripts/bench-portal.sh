@@ -52,6 +52,8 @@ print(json.loads(line[3:])["bytes_down"])
 PY
 }
 
+"$bin" bench dataset --rest "$hub_rest" --path /bench/small --layout small --count 2000 --sample-bytes 100KiB > /dev/null
+"$bin" bench dataset --rest "$hub_rest" --path /bench/shard --layout shard --count 1280 --sample-bytes 512KiB --shard-bytes 64MiB > /dev/null
 id=$("$bin" portal create --rest "$spoke_rest" --hub "$wan" --hub-path /bench --spoke-path /bench --json \
   | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
 "$bin" portal authorize "$id" --rest "$hub_rest" > /dev/null
@@ -62,12 +64,11 @@ for _ in $(seq 1 300); do
 done
 [[ $state == active ]] || { echo "portal did not become active" >&2; exit 1; }
 
-"$bin" bench dataset --rest "$hub_rest" --path /bench/small --layout small --count 2000 --sample-bytes 100KiB > /dev/null
-"$bin" bench dataset --rest "$hub_rest" --path /bench/shard --layout shard --count 1280 --sample-bytes 512KiB --shard-bytes 64MiB > /dev/null
 
 train() { # endpoint path layout -> final JSON line
   "$bin" bench train --via rest --endpoint "$1" --path "$2" --layout "$3" --workers 8 --batch 16 \
-    --compute-ms 100 2> /dev/null | grep '^{' | tail -1
+    --compute-ms 100 > "$work/train.out" 2> "$work/train.err" || { echo "bench train failed:" >&2; tail -n 5 "$work/train.err" "$work/train.out" >&2; exit 1; }
+  grep '^{' "$work/train.out" | tail -1
 }
 report() { python3 - "$@" <<'PY'
 import json, sys

@@ -1690,14 +1690,22 @@ impl Engine {
             return Err(Error::FileTooLarge);
         }
         if !data.is_empty() {
-            let buf = {
-                let mut map = self.buffers.lock();
-                map.entry(ino).or_insert_with(|| Arc::new(Mutex::new(WriteBuffer::new(rec.size)))).clone()
-            };
-            let full = {
+            let full = loop {
+                let buf = {
+                    let mut map = self.buffers.lock();
+                    map.entry(ino).or_insert_with(|| Arc::new(Mutex::new(WriteBuffer::new(rec.size)))).clone()
+                };
                 let mut b = buf.lock();
+                if b.detached {
+                    // A flush emptied and dropped this buffer after we looked it up.
+                    continue;
+                }
+                if b.is_empty() {
+                    // The size may have moved since the buffer was made (a flush in between).
+                    b.size = b.size.max(self.load(ino)?.size);
+                }
                 b.insert(offset, data, self.now());
-                b.bytes() >= self.cfg.write_buffer_bytes_max
+                break b.bytes() >= self.cfg.write_buffer_bytes_max;
             };
             if full {
                 self.flush_full_stripes(ino)?;
@@ -1775,8 +1783,13 @@ impl Engine {
         if res.is_ok() && b.is_empty() {
             drop(b);
             let mut map = self.buffers.lock();
-            if map.get(&ino).is_some_and(|x| Arc::ptr_eq(x, &buf) && x.lock().is_empty()) {
-                map.remove(&ino);
+            if let Some(x) = map.get(&ino).filter(|x| Arc::ptr_eq(x, &buf)).cloned() {
+                let mut xb = x.lock();
+                if xb.is_empty() {
+                    xb.detached = true;
+                    drop(xb);
+                    map.remove(&ino);
+                }
             }
         }
         res

@@ -10,11 +10,14 @@ pub(crate) struct WriteBuffer {
     /// File size including buffered bytes.
     pub size: u64,
     pub mtime_ns: i64,
+    /// Taken out of the engine's buffer table (empty after a flush): a writer that got this
+    /// buffer before that must not add to it, or its bytes would never be flushed.
+    pub detached: bool,
 }
 
 impl WriteBuffer {
     pub fn new(size: u64) -> WriteBuffer {
-        WriteBuffer { segs: BTreeMap::new(), bytes: 0, size, mtime_ns: 0 }
+        WriteBuffer { segs: BTreeMap::new(), bytes: 0, size, mtime_ns: 0, detached: false }
     }
 
     pub fn is_empty(&self) -> bool {
