@@ -103,6 +103,14 @@ pub enum Command {
         #[command(subcommand)]
         cmd: ResidencyCmd,
     },
+    /// NFS exports: the configuration file's and those added here, applied without a restart
+    /// (default: list).
+    Exports {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(subcommand)]
+        cmd: Option<ExportsCmd>,
+    },
     /// The audit log: every portal operation and refusal, residency changes.
     Audit {
         #[command(flatten)]
@@ -150,6 +158,39 @@ pub enum PortalCmd {
     ServeStale { id: String, on: String },
     /// This cluster's fabric identity (certificate fingerprint, region, listener).
     Identity,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ExportsCmd {
+    /// List exports (configuration file and added here).
+    List,
+    /// Export a directory over NFS.
+    Add {
+        /// Directory of the namespace (must exist); clients may mount it or any directory below.
+        path: String,
+        /// Who may mount: `*`, addresses and networks, comma-separated (e.g. 10.0.0.0/8,192.168.1.7).
+        #[arg(long, value_delimiter = ',', required = true)]
+        clients: Vec<String>,
+        #[arg(long)]
+        read_only: bool,
+        /// Let uid 0 act as root (root is mapped to nobody by default).
+        #[arg(long)]
+        no_root_squash: bool,
+    },
+    /// Change an export added with `add` (by id or path).
+    Set {
+        export: String,
+        #[arg(long, value_delimiter = ',')]
+        clients: Option<Vec<String>>,
+        /// on or off.
+        #[arg(long)]
+        read_only: Option<String>,
+        /// on or off.
+        #[arg(long)]
+        root_squash: Option<String>,
+    },
+    /// Remove an export added with `add` (by id or path); clients using it are refused.
+    Rm { export: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -324,6 +365,7 @@ pub fn run(cmd: Command) -> Result<()> {
         }
         Command::Portal { conn, cmd } => portal(&Client::new(&conn)?, cmd.unwrap_or(PortalCmd::List)),
         Command::Residency { conn, cmd } => residency(&Client::new(&conn)?, cmd),
+        Command::Exports { conn, cmd } => exports(&Client::new(&conn)?, cmd.unwrap_or(ExportsCmd::List)),
         Command::Audit { conn, after, limit } => {
             let c = Client::new(&conn)?;
             let v = c.call(Method::GET, &format!("/audit?after={after}&limit={limit}"), None, "read the audit log")?;
@@ -1052,6 +1094,71 @@ fn residency(c: &Client, cmd: ResidencyCmd) -> Result<()> {
         }
         ResidencyCmd::Rm { path } => {
             c.call(Method::DELETE, &format!("/residency/{}", residency_path(&path)), None, &format!("remove label of {path}"))?;
+            Ok(())
+        }
+    }
+}
+
+// ------------------------------------------------------------------ NFS exports
+
+fn print_export(e: &Value) {
+    let flag = |k: &str, on: &str, off: &str| if e.get(k).and_then(Value::as_bool).unwrap_or(false) { on.to_string() } else { off.to_string() };
+    let clients: Vec<&str> = items(&e["clients"]).iter().filter_map(Value::as_str).collect();
+    println!(
+        "{:<8} {:<6} {:<2} {:<9} {} {}",
+        s(e, "id"),
+        s(e, "source"),
+        flag("read_only", "ro", "rw"),
+        flag("root_squash", "squash", "no_squash"),
+        s(e, "path"),
+        clients.join(",")
+    );
+}
+
+fn on_off(what: &str, v: Option<String>) -> Result<Option<bool>> {
+    v.map(|v| match v.as_str() {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => bail!("{what} takes on or off"),
+    })
+    .transpose()
+}
+
+fn exports(c: &Client, cmd: ExportsCmd) -> Result<()> {
+    match cmd {
+        ExportsCmd::List => {
+            let v = c.call(Method::GET, "/exports", None, "list exports")?;
+            c.print(&v, |v| {
+                println!("{:<8} {:<6} {:<2} {:<9} PATH CLIENTS", "ID", "SOURCE", "RW", "SQUASH");
+                for e in items(v) {
+                    print_export(e);
+                }
+            })
+        }
+        ExportsCmd::Add { path, clients, read_only, no_root_squash } => {
+            let body = json!({ "path": path, "clients": clients, "read_only": read_only, "root_squash": !no_root_squash });
+            let v = c.call(Method::POST, "/exports", Some(body), &format!("export {path}"))?;
+            c.print(&v, print_export)
+        }
+        ExportsCmd::Set { export, clients, read_only, root_squash } => {
+            let mut body = serde_json::Map::new();
+            if let Some(cl) = clients {
+                body.insert("clients".into(), json!(cl));
+            }
+            if let Some(b) = on_off("--read-only", read_only)? {
+                body.insert("read_only".into(), json!(b));
+            }
+            if let Some(b) = on_off("--root-squash", root_squash)? {
+                body.insert("root_squash".into(), json!(b));
+            }
+            if body.is_empty() {
+                bail!("nothing to change: give --clients, --read-only or --root-squash");
+            }
+            let v = c.call(Method::PATCH, &format!("/exports/{}", enc(&export)), Some(Value::Object(body)), &format!("change export {export}"))?;
+            c.print(&v, print_export)
+        }
+        ExportsCmd::Rm { export } => {
+            c.call(Method::DELETE, &format!("/exports/{}", enc(&export)), None, &format!("remove export {export}"))?;
             Ok(())
         }
     }

@@ -2,6 +2,7 @@
 
 mod bench_train;
 mod cli;
+mod export_api;
 mod portal_api;
 mod serve;
 mod wan_cmd;

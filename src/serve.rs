@@ -402,9 +402,12 @@ async fn serve_all(engine: Arc<Engine>, listen: Listeners, data_dir: PathBuf) ->
     };
     let fabric = fabric::Fabric::start(engine.clone(), listen.fabric.clone()).await.context("starting the fabric")?;
     let portals: Arc<dyn aquifer_rest::portals::PortalAdmin> = Arc::new(crate::portal_api::PortalApi(fabric.clone()));
+    let exports = aquifer_nfs::ExportTable::new(engine.clone(), listen.exports.clone()).context("NFS exports")?;
+    let export_api: Arc<dyn aquifer_rest::exports::ExportAdmin> = Arc::new(crate::export_api::ExportApi(exports.clone()));
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn({
-        let f = aquifer_rest::serve_with(engine.clone(), Some(portals), rest, stopped());
+        let hooks = aquifer_rest::Hooks { portals: Some(portals), exports: Some(export_api) };
+        let f = aquifer_rest::serve_hooks(engine.clone(), hooks, rest, stopped());
         async move { ("REST", f.await.map_err(anyhow::Error::from)) }
     });
     tasks.spawn({
@@ -413,7 +416,7 @@ async fn serve_all(engine: Arc<Engine>, listen: Listeners, data_dir: PathBuf) ->
         async move { ("S3", f.await) }
     });
     tasks.spawn({
-        let f = aquifer_nfs::serve(engine.clone(), nfs, listen.exports.clone(), stopped());
+        let f = aquifer_nfs::serve_table(exports, nfs, stopped());
         async move { ("NFS", f.await) }
     });
     tasks.spawn({

@@ -9,6 +9,7 @@
 //! File handles are 24 bytes and name the export, the inode and the inode's generation
 //! (see `handle.rs`), so they survive a restart and a reused inode number reads as stale.
 
+mod exports;
 mod handle;
 mod mount;
 mod proc;
@@ -22,6 +23,7 @@ use anyhow::Context as _;
 use storage_engine::Engine;
 use tokio::net::TcpListener;
 
+pub use exports::{EXPORT_CLIENTS_MAX, EXPORT_SETTING_NS, ExportError, ExportInfo, ExportPatch, ExportSource, ExportTable};
 pub use rpc::{INFLIGHT_REQUESTS_MAX, RECORD_BYTES_MAX};
 
 /// Largest READ or WRITE payload the server offers and accepts, in bytes.
@@ -39,14 +41,24 @@ pub struct Export {
     pub root_squash: bool,
 }
 
-/// Runs the NFSv3 and MOUNT service on an already bound listener until `shutdown` resolves.
+/// Runs the NFSv3 and MOUNT service on an already bound listener until `shutdown` resolves,
+/// with `exports` plus the exports stored in the engine's settings.
 pub async fn serve(
     engine: Arc<Engine>,
     listener: TcpListener,
     exports: Vec<Export>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let state = Arc::new(proc::State::new(engine, exports)?);
+    serve_table(ExportTable::new(engine, exports)?, listener, shutdown).await
+}
+
+/// [`serve`] with an export table that may change while the service runs.
+pub async fn serve_table(
+    exports: ExportTable,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let state = Arc::new(proc::State::new(exports));
     rpc::accept_loop(state, listener, shutdown).await
 }
 

@@ -38,6 +38,7 @@ pub(crate) async fn dispatch(state: &std::sync::Arc<State>, call: &CallInfo, pro
         MOUNTPROC3_EXPORT => {
             let nodes: Vec<export_node> = state
                 .exports
+                .snapshot()
                 .iter()
                 .map(|e| export_node {
                     ex_dir: dirpath(Opaque::owned(e.path.as_bytes().to_vec())),

@@ -10,9 +10,10 @@ use nfs3_types::rpc::auth_unix;
 use nfs3_types::xdr_codec::{List, Opaque, Void};
 use storage_engine::{Attr, Caller, DirEntry, Engine, Error, FileKind, Ino, NameProblem, SetAttr, Stability, TimeSet};
 
-use crate::handle::{Handle, cookie_of, export_id};
+use crate::handle::{Handle, cookie_of};
 use crate::rpc::{CallInfo, Reply, packed};
 use crate::wire::decode;
+use crate::exports::ExportTable;
 use crate::{ClientMatch, IO_BYTES_MAX};
 
 /// uid and gid that root is squashed to, and that AUTH_NULL calls would act as.
@@ -29,7 +30,8 @@ pub(crate) struct ExportState {
     /// Normalised: starts with `/`, no trailing `/` except for the root itself.
     pub path: String,
     pub id: u32,
-    clients: Vec<ClientMatch>,
+    pub clients: Vec<ClientMatch>,
+    pub source: crate::exports::ExportSource,
 }
 
 impl ExportState {
@@ -60,7 +62,7 @@ impl ExportState {
 
 pub(crate) struct State {
     pub engine: Arc<Engine>,
-    pub exports: Vec<ExportState>,
+    pub exports: ExportTable,
     /// Changes every time the service starts, so clients resend UNSTABLE writes that a
     /// restart may have lost.
     write_verf: writeverf3,
@@ -68,34 +70,17 @@ pub(crate) struct State {
     cookies: Mutex<HashMap<(Ino, u64), Vec<u8>>>,
 }
 
-fn normalise(path: &str) -> String {
-    let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
-    format!("/{}", parts.join("/"))
-}
-
 impl State {
-    pub(crate) fn new(engine: Arc<Engine>, exports: Vec<crate::Export>) -> anyhow::Result<State> {
-        let mut out: Vec<ExportState> = Vec::new();
-        for e in exports {
-            let path = normalise(&e.path);
-            if path.split('/').any(|c| c == "." || c == "..") {
-                anyhow::bail!("export path {:?} contains . or ..", e.path);
-            }
-            let clients = e.clients.iter().map(|c| ClientMatch::parse(c)).collect::<anyhow::Result<Vec<_>>>()?;
-            let id = export_id(&path);
-            if out.iter().any(|o| o.id == id) {
-                anyhow::bail!("export {path:?} is listed twice or its id collides with another export");
-            }
-            out.push(ExportState { export: e, path, id, clients });
-        }
-        Ok(State { engine, exports: out, write_verf: writeverf3(rand::random()), cookies: Mutex::new(HashMap::new()) })
+    pub(crate) fn new(exports: ExportTable) -> State {
+        State { engine: exports.engine().clone(), exports, write_verf: writeverf3(rand::random()), cookies: Mutex::new(HashMap::new()) }
     }
 
     /// The export a mount path falls under (the longest matching export path) and the rest.
-    pub(crate) fn export_for_path<'p>(&self, path: &'p str) -> Option<(&ExportState, &'p str)> {
-        let mut best: Option<(&ExportState, &'p str)> = None;
+    pub(crate) fn export_for_path<'p>(&self, path: &'p str) -> Option<(Arc<ExportState>, &'p str)> {
+        let mut best: Option<(&Arc<ExportState>, &'p str)> = None;
         let trimmed = path.trim_end_matches('/');
-        for e in &self.exports {
+        let table = self.exports.snapshot();
+        for e in table.iter() {
             let rest = if e.path == "/" {
                 Some(trimmed.trim_start_matches('/'))
             } else {
@@ -107,7 +92,7 @@ impl State {
                 }
             }
         }
-        best
+        best.map(|(e, rest)| (e.clone(), rest))
     }
 
     fn remember_cookie(&self, dir: Ino, cookie: u64, name: &[u8]) {
@@ -193,7 +178,7 @@ fn wcc_of(a: &Attr) -> wcc_attr {
 /// One call's resolved context: the export the handle belongs to and who is calling.
 struct Ctx<'s> {
     state: &'s Arc<State>,
-    export: &'s ExportState,
+    export: Arc<ExportState>,
     caller: Caller,
 }
 
@@ -237,7 +222,7 @@ impl Ctx<'_> {
 /// Decodes a handle, checks the export's client list, maps the caller and loads the inode.
 async fn resolve<'s>(state: &'s Arc<State>, call: &CallInfo, fh: &nfs_fh3) -> Result<(Ctx<'s>, Attr), nfsstat3> {
     let h = Handle::decode(&fh.data).ok_or(nfsstat3::NFS3ERR_BADHANDLE)?;
-    let export = state.exports.iter().find(|e| e.id == h.export_id).ok_or(nfsstat3::NFS3ERR_STALE)?;
+    let export = state.exports.snapshot().iter().find(|e| e.id == h.export_id).cloned().ok_or(nfsstat3::NFS3ERR_STALE)?;
     if !export.allows(call.peer) {
         return Err(nfsstat3::NFS3ERR_ACCES);
     }

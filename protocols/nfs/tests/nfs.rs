@@ -290,6 +290,55 @@ async fn handles_survive_a_restart_and_unstable_writes_commit() {
     server.stop().await;
 }
 
+/// Exports changed while the service runs apply to clients that already hold handles: a
+/// client taken off the list gets ACCES, read-only refuses writes, a removed export's handles
+/// are stale; an export added while running can be mounted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn export_table_changes_apply_to_mounted_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let c = Caller::system();
+    engine.mkdir(&c, storage_engine::ROOT_INO, b"live", 0o777).unwrap();
+    let table = aquifer_nfs::ExportTable::new(engine.clone(), vec![export("/")]).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(aquifer_nfs::serve_table(table.clone(), listener, async {
+        let _ = rx.await;
+    }));
+    let admin = engine.authenticate_password("admin", "admin-password").unwrap();
+    let e = Export { path: "/live".into(), clients: vec!["127.0.0.1".into()], read_only: false, root_squash: false };
+    let info = table.add(&admin, e.clone()).unwrap();
+    assert!(matches!(table.add(&admin, e.clone()), Err(aquifer_nfs::ExportError::Conflict(_))), "exported twice");
+    assert!(matches!(table.add(&Caller::anonymous(), e), Err(aquifer_nfs::ExportError::PermissionDenied)));
+    let fh = mount_root(addr, "/live").await;
+    let mut nfs = client(addr).await;
+    let write = |off: u64| WRITE3args { file: fh.clone(), offset: off, count: 0, stable: stable_how::FILE_SYNC, data: Opaque::owned(vec![]) };
+    let made = nfs
+        .create(&CREATE3args { where_: diropargs3 { dir: fh.clone(), name: filename3(Opaque::owned(b"f".to_vec())) }, how: createhow3::UNCHECKED(sattr3::default()) })
+        .await
+        .unwrap()
+        .unwrap();
+    let Nfs3Option::Some(file) = made.obj else { panic!("no handle") };
+    let set = |p: aquifer_nfs::ExportPatch| table.update(&admin, &info.id, p).unwrap();
+    set(aquifer_nfs::ExportPatch { read_only: Some(true), ..Default::default() });
+    let w = nfs.write(&WRITE3args { file: file.clone(), ..write(0) }).await.unwrap();
+    assert!(matches!(w, Nfs3Result::Err((nfsstat3::NFS3ERR_ROFS, _))), "read-only applies to a mounted client: {w:?}");
+    set(aquifer_nfs::ExportPatch { clients: Some(vec!["10.0.0.1".into()]), ..Default::default() });
+    let g = nfs.getattr(&GETATTR3args { object: fh.clone() }).await.unwrap();
+    assert!(matches!(g, Nfs3Result::Err((nfsstat3::NFS3ERR_ACCES, _))), "a client taken off the list is refused: {g:?}");
+    set(aquifer_nfs::ExportPatch { clients: Some(vec!["127.0.0.0/8".into()]), read_only: Some(false), ..Default::default() });
+    nfs.getattr(&GETATTR3args { object: file.clone() }).await.unwrap().unwrap();
+    table.remove(&admin, &info.id).unwrap();
+    let g = nfs.getattr(&GETATTR3args { object: file.clone() }).await.unwrap();
+    assert!(matches!(g, Nfs3Result::Err((nfsstat3::NFS3ERR_STALE, _))), "handles of a removed export are stale: {g:?}");
+    assert!(matches!(table.remove(&admin, "/"), Err(aquifer_nfs::ExportError::Conflict(_))), "configuration exports stay");
+    // Stored: a new table over the same engine (a restart) has no /live, and / still serves.
+    assert_eq!(aquifer_nfs::ExportTable::new(engine.clone(), vec![export("/")]).unwrap().list().len(), 1);
+    let _ = tx.send(());
+    task.await.unwrap().unwrap();
+}
+
 /// Sends raw bytes and returns what the server answers before closing or going quiet.
 fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
     let mut s = TcpStream::connect(addr).unwrap();

@@ -11,6 +11,7 @@
 mod admin;
 mod auth;
 mod error;
+pub mod exports;
 mod extract;
 mod files;
 mod openapi;
@@ -29,7 +30,7 @@ use axum::routing::{MethodFilter, on};
 use storage_engine::Engine;
 
 pub use error::ApiError;
-pub use server::{CONNECTIONS_MAX, HEADER_READ_TIMEOUT_MS, serve, serve_with};
+pub use server::{CONNECTIONS_MAX, HEADER_READ_TIMEOUT_MS, serve, serve_hooks, serve_with};
 
 /// Largest JSON request body. File uploads stream and are not bound by it.
 pub const JSON_BODY_BYTES_MAX: usize = 1 << 20;
@@ -39,6 +40,15 @@ pub const JSON_BODY_BYTES_MAX: usize = 1 << 20;
 pub(crate) struct AppState {
     pub engine: Arc<Engine>,
     pub portals: Option<Arc<dyn portals::PortalAdmin>>,
+    pub exports: Option<Arc<dyn exports::ExportAdmin>>,
+}
+
+/// The services the daemon runs beside the API that some routes administer; a route whose
+/// service is missing answers 503.
+#[derive(Clone, Default)]
+pub struct Hooks {
+    pub portals: Option<Arc<dyn portals::PortalAdmin>>,
+    pub exports: Option<Arc<dyn exports::ExportAdmin>>,
 }
 
 /// Builds the router and records every (method, path) it serves, so that the OpenAPI document
@@ -66,6 +76,7 @@ fn routes() -> Routes {
     let r = admin::routes(r);
     let r = files::routes(r);
     let r = portals::routes(r);
+    let r = exports::routes(r);
     r.on(Method::GET, "/api/v1/openapi.json", openapi::get_openapi)
 }
 
@@ -84,10 +95,15 @@ pub fn router(engine: Arc<Engine>) -> Router {
 
 /// The API with the fabric's portal administration behind `/api/v1/portals`.
 pub fn router_with(engine: Arc<Engine>, portals: Option<Arc<dyn portals::PortalAdmin>>) -> Router {
+    router_hooks(engine, Hooks { portals, ..Hooks::default() })
+}
+
+/// The API with every administered service the daemon runs.
+pub fn router_hooks(engine: Arc<Engine>, hooks: Hooks) -> Router {
     routes()
         .router
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(JSON_BODY_BYTES_MAX))
-        .with_state(AppState { engine, portals })
+        .with_state(AppState { engine, portals: hooks.portals, exports: hooks.exports })
 }

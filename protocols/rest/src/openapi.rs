@@ -218,6 +218,7 @@ fn operations() -> Vec<Op> {
     ]
     .into_iter()
     .chain(crate::portals::operations())
+    .chain(crate::exports::operations())
     .collect()
 }
 

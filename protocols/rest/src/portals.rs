@@ -100,7 +100,7 @@ fn fabric(st: &AppState) -> ApiResult<Arc<dyn PortalAdmin>> {
     st.portals.clone().ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the fabric is not running"))
 }
 
-fn failure((status, message): (u16, String)) -> ApiError {
+pub(crate) fn failure((status, message): (u16, String)) -> ApiError {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let code = match status.as_u16() {
         400 => "invalid_argument",

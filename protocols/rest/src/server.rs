@@ -47,7 +47,17 @@ pub async fn serve_with(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let app = crate::router_with(engine, portals);
+    serve_hooks(engine, crate::Hooks { portals, ..crate::Hooks::default() }, listener, shutdown).await
+}
+
+/// [`serve`] with every administered service the daemon runs (portals, NFS exports).
+pub async fn serve_hooks(
+    engine: Arc<Engine>,
+    hooks: crate::Hooks,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = crate::router_hooks(engine, hooks);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
     let mut builder = hyper::server::conn::http1::Builder::new();
