@@ -87,26 +87,47 @@ impl Chunker {
     }
 }
 
-/// Compresses a chunk for the wire.
+/// Wire encoding of a chunk: a tag byte, then the bytes.
+const WIRE_RAW: u8 = 0;
+const WIRE_ZSTD: u8 = 1;
+
+/// Encodes a chunk for the wire: zstd when that saves at least 3 %, else the raw bytes (so
+/// incompressible data such as shuffled samples or checkpoints costs no decompression).
 pub fn compress(data: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; zstd_safe::compress_bound(data.len())];
-    let n = zstd_safe::compress(&mut out[..], data, 1).expect("zstd compression into a buffer of the bound's size");
-    out.truncate(n);
-    out
+    let mut out = vec![0u8; 1 + zstd_safe::compress_bound(data.len())];
+    let n = zstd_safe::compress(&mut out[1..], data, 1).expect("zstd compression into a buffer of the bound's size");
+    if n < data.len() - data.len() / 32 {
+        out[0] = WIRE_ZSTD;
+        out.truncate(1 + n);
+        out
+    } else {
+        let mut raw = Vec::with_capacity(1 + data.len());
+        raw.push(WIRE_RAW);
+        raw.extend_from_slice(data);
+        raw
+    }
 }
 
-/// Decompresses a chunk from the wire, refusing anything that would exceed `len` bytes or
-/// whose BLAKE3 hash is not `hash`.
+/// Decodes a chunk from the wire, refusing anything that would exceed `len` bytes or whose
+/// BLAKE3 hash is not `hash`.
 pub fn decompress_checked(wire: &[u8], len: u32, hash: &Hash) -> Result<Vec<u8>, String> {
     if len > CHUNK_BYTES_MAX {
         return Err(format!("chunk of {len} bytes is over the {CHUNK_BYTES_MAX}-byte maximum"));
     }
-    let mut data = vec![0u8; len as usize];
-    let n = zstd_safe::decompress(&mut data[..], wire)
-        .map_err(|code| format!("chunk does not decompress: {}", zstd_safe::get_error_name(code)))?;
-    data.truncate(n);
+    let data = match wire.split_first() {
+        Some((&WIRE_RAW, raw)) => raw.to_vec(),
+        Some((&WIRE_ZSTD, z)) => {
+            let mut data = vec![0u8; len as usize];
+            let n = zstd_safe::decompress(&mut data[..], z)
+                .map_err(|code| format!("chunk does not decompress: {}", zstd_safe::get_error_name(code)))?;
+            data.truncate(n);
+            data
+        }
+        Some((t, _)) => return Err(format!("unknown chunk encoding {t}")),
+        None => return Err("empty chunk encoding".into()),
+    };
     if data.len() != len as usize {
-        return Err(format!("chunk decompressed to {} bytes, expected {len}", data.len()));
+        return Err(format!("chunk decoded to {} bytes, expected {len}", data.len()));
     }
     if blake3::hash(&data).as_bytes() != hash {
         return Err("chunk content does not match its BLAKE3 name".into());
@@ -163,5 +184,17 @@ mod tests {
         assert!(decompress_checked(&w, 100_000, &[0; 32]).is_err());
         assert!(decompress_checked(b"garbage", 100, &h).is_err());
         assert!(decompress_checked(&w, CHUNK_BYTES_MAX + 1, &h).is_err());
+        assert!(decompress_checked(&[], 0, &h).is_err());
+        assert!(decompress_checked(&[9, 1, 2], 2, &h).is_err());
+        // Random bytes go raw; repetitive ones compressed; both decode.
+        assert_eq!(w[0], WIRE_RAW);
+        let zeros = vec![0u8; 100_000];
+        let z = compress(&zeros);
+        assert_eq!(z[0], WIRE_ZSTD);
+        assert!(z.len() < 1000);
+        assert_eq!(decompress_checked(&z, 100_000, blake3::hash(&zeros).as_bytes()).unwrap(), zeros);
+        let mut bomb = z.clone();
+        bomb[0] = WIRE_ZSTD;
+        assert!(decompress_checked(&bomb, 10, blake3::hash(&zeros[..10]).as_bytes()).is_err());
     }
 }

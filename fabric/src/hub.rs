@@ -304,6 +304,27 @@ impl HubService {
                 }
                 Ok(Response::Chunks { version, data })
             }
+            Request::Whole { path, hub_ino } => {
+                let a = self.resolve(&path)?;
+                if a.ino != hub_ino {
+                    return Err(err(ErrorCode::Stale, "another file is at that path now"));
+                }
+                if a.kind != FileKind::File || a.size > WHOLE_FILE_BYTES_MAX {
+                    return Err(err(ErrorCode::BadRequest, format!("Whole is for files of at most {WHOLE_FILE_BYTES_MAX} bytes")));
+                }
+                self.watch(a.ino);
+                let m = self.manifest(&a)?;
+                let bytes = self.engine.read(&Self::sys(), a.ino, 0, a.size as usize).map_err(engine_error)?;
+                if bytes.len() as u64 != a.size {
+                    return Err(err(ErrorCode::Stale, "file shorter than its manifest"));
+                }
+                let data = m.iter().map(|c| chunks::compress(&bytes[c.offset as usize..c.end() as usize])).collect();
+                let now = self.engine.getattr(&Self::sys(), a.ino).map_err(engine_error)?;
+                if now.version != a.version {
+                    return Err(err(ErrorCode::Stale, "the file changed while being read"));
+                }
+                Ok(Response::Whole { version: a.version, size: a.size, chunks: (*m).clone(), data })
+            }
             Request::Put { path, name, size, chunks: refs, data } => {
                 self.writable()?;
                 check_name(&name).map_err(|m| err(ErrorCode::BadRequest, m))?;
@@ -412,6 +433,7 @@ pub fn request_name(r: &Request) -> &'static str {
         Request::List { .. } => "List",
         Request::Manifest { .. } => "Manifest",
         Request::Chunks { .. } => "Chunks",
+        Request::Whole { .. } => "Whole",
         Request::Put { .. } => "Put",
         Request::Mkdir { .. } => "Mkdir",
         Request::Remove { .. } => "Remove",

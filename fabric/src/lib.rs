@@ -636,6 +636,7 @@ impl Fabric {
             serve_stale: r.serve_stale,
             cache_bytes_max: self.cfg.cache_bytes_max,
             free_percent_min: self.cfg.free_percent_min,
+            local_root: r.local_root,
         };
         let spawner: spoke::PrefetchSpawner = {
             let rt = self.rt.clone();
@@ -835,7 +836,7 @@ impl Fabric {
         let f = |e: Error| ApiFailure::new(500, e.to_string());
         let cleaner = SpokePortal::new(
             self.engine.clone(),
-            SpokeSettings { id: id.into(), mode: PortalMode::ReadOnly, serve_stale: false, cache_bytes_max: u64::MAX, free_percent_min: 0 },
+            SpokeSettings { id: id.into(), mode: PortalMode::ReadOnly, serve_stale: false, cache_bytes_max: u64::MAX, free_percent_min: 0, local_root: 0 },
             Arc::new(storage_engine::SystemClock),
             None,
         );

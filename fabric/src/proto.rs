@@ -17,6 +17,8 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const FRAME_BYTES_MAX: u32 = 64 << 20;
 /// Most entries one listing response carries.
 pub const LIST_ENTRIES_MAX: u32 = 4096;
+/// Largest file a `Whole` request may fetch.
+pub const WHOLE_FILE_BYTES_MAX: u64 = 4 << 20;
 /// Most chunk bytes (uncompressed) one chunk request may ask for.
 pub const CHUNK_REQUEST_BYTES_MAX: u64 = 16 << 20;
 
@@ -48,6 +50,9 @@ pub enum Request {
     List { path: RelPath, cursor: Option<Vec<u8>>, max: u32 },
     Manifest { path: RelPath, hub_ino: u64 },
     Chunks { path: RelPath, hub_ino: u64, version: u64, wanted: Vec<Hash> },
+    /// A small file's manifest and all its chunks in one round trip (at most
+    /// [`WHOLE_FILE_BYTES_MAX`]).
+    Whole { path: RelPath, hub_ino: u64 },
     /// Read-write portals: replace (or create) file `name` in directory `path` with content
     /// described by `chunks`; `data` carries the chunks the hub said it lacks (zstd).
     Put { path: RelPath, name: Vec<u8>, size: u64, chunks: Vec<ChunkRef>, data: Vec<(Hash, Vec<u8>)> },
@@ -116,6 +121,8 @@ pub enum Response {
     Manifest { version: u64, size: u64, chunks: Vec<ChunkRef> },
     /// zstd-compressed chunk contents, in the order asked.
     Chunks { version: u64, data: Vec<Vec<u8>> },
+    /// Answer to `Whole`: the manifest and every chunk, encoded as in `Chunks`.
+    Whole { version: u64, size: u64, chunks: Vec<ChunkRef>, data: Vec<Vec<u8>> },
     /// A Put must be repeated with these chunks' data.
     NeedChunks { missing: Vec<Hash> },
     Error { code: ErrorCode, message: String },

@@ -32,6 +32,9 @@ pub const FETCH_REQUESTS_IN_FLIGHT: usize = 8;
 pub const WHOLE_FILE_BELOW_BYTES: u64 = 4 << 20;
 /// Bytes of superseded file versions kept for chunk reuse (deduplication across versions).
 pub const RETIRED_CACHE_BYTES_MAX: u64 = 2 << 30;
+/// Files after a small file (in name order) fetched ahead when it is read: training jobs that
+/// do not shuffle read samples in directory order.
+pub const SUCCESSORS_AHEAD: usize = 32;
 /// Manifests kept on the spoke.
 const MANIFESTS_MAX: usize = 4096;
 /// Attempts before an answer that keeps being overtaken by changes is given up.
@@ -137,6 +140,8 @@ pub struct SpokeSettings {
     pub cache_bytes_max: u64,
     /// Evict while the engine has less than this share of its capacity free.
     pub free_percent_min: u8,
+    /// The local directory the portal shows (0: unknown; successor prefetch is then off).
+    pub local_root: Ino,
 }
 
 /// Prefetch work the spoke hands to whoever runs it (a thread pool in the daemon).
@@ -154,6 +159,8 @@ pub struct SpokePortal {
     lru: Mutex<Lru>,
     prefetcher: Mutex<neuralcache::Prefetcher>,
     spawner: Option<PrefetchSpawner>,
+    /// Successor fetches started and not finished.
+    successors_asked: Mutex<std::collections::HashSet<Ino>>,
     pub stats: SpokeStats,
     closed: AtomicBool,
 }
@@ -217,9 +224,13 @@ impl SpokePortal {
             lru: Mutex::new(Lru::default()),
             prefetcher: Mutex::new(neuralcache::Prefetcher::new(neuralcache::PrefetchConfig {
                 whole_file_below_bytes: WHOLE_FILE_BELOW_BYTES,
+                // Across a WAN a window smaller than one request only adds round trips.
+                readahead_min_bytes: FETCH_REQUEST_BYTES,
+                request_bytes_max: FETCH_REQUEST_BYTES,
                 ..neuralcache::PrefetchConfig::default()
             })),
             spawner,
+            successors_asked: Mutex::new(std::collections::HashSet::new()),
             stats: SpokeStats::default(),
             closed: AtomicBool::new(false),
         });
@@ -629,15 +640,7 @@ impl SpokePortal {
                     return Err(unavailable(&stub.portal, format!("hub sent a malformed manifest for inode {ino}")));
                 }
                 let m = Arc::new(chunks);
-                let mut ms = self.manifests.lock();
-                if ms.0.insert((stub.hub_ino, version), m.clone()).is_none() {
-                    ms.1.push_back((stub.hub_ino, version));
-                }
-                while ms.1.len() > MANIFESTS_MAX {
-                    if let Some(k) = ms.1.pop_front() {
-                        ms.0.remove(&k);
-                    }
-                }
+                self.remember_manifest(stub.hub_ino, version, m.clone());
                 Ok(m)
             }
             r => Err(unavailable(&stub.portal, format!("unexpected answer {r:?}"))),
@@ -669,6 +672,22 @@ impl SpokePortal {
                 }
                 if stale_ok {
                     return Err(unavailable(&stub.portal, "data not cached and no lease from the hub"));
+                }
+                if size <= WHOLE_FILE_BELOW_BYTES && st.inflight.is_empty() && !self.has_manifest(&stub) {
+                    // A small file: manifest and bytes in one round trip.
+                    match self.fetch_whole(ino, &mut stub) {
+                        Ok(present) => {
+                            drop(st);
+                            self.touch(ino, present);
+                            self.evict_if_needed(ino);
+                            return Ok(());
+                        }
+                        Err(Error::Stale) => {
+                            self.revalidate(ino, &stub)?;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 let manifest = match self.manifest(ino, &stub) {
                     Ok(m) => m,
@@ -726,6 +745,52 @@ impl SpokePortal {
             return Ok(());
         }
         Err(unavailable(&self.id(), "the file kept changing while it was fetched"))
+    }
+
+    fn has_manifest(&self, stub: &RemoteStub) -> bool {
+        self.manifests.lock().0.contains_key(&(stub.hub_ino, stub.hub_version))
+    }
+
+    fn remember_manifest(&self, hub_ino: Ino, version: u64, m: Arc<Vec<ChunkRef>>) {
+        let mut ms = self.manifests.lock();
+        if ms.0.insert((hub_ino, version), m).is_none() {
+            ms.1.push_back((hub_ino, version));
+        }
+        while ms.1.len() > MANIFESTS_MAX {
+            if let Some(k) = ms.1.pop_front() {
+                ms.0.remove(&k);
+            }
+        }
+    }
+
+    /// Fetches a small file whole (under the file's fill lock, nothing else in flight).
+    fn fetch_whole(&self, ino: Ino, stub: &mut RemoteStub) -> Result<u64> {
+        let c = Self::caller();
+        let (version, size, refs, data) = match self.call(Request::Whole { path: split_path(&stub.path), hub_ino: stub.hub_ino })? {
+            Response::Whole { version, size, chunks, data } => (version, size, chunks, data),
+            r => return Err(unavailable(&stub.portal, format!("unexpected answer {r:?}"))),
+        };
+        if version != stub.hub_version {
+            self.on_invalidate(&[(stub.hub_ino, version)]);
+            return Err(Error::Stale);
+        }
+        let tiles = refs.iter().try_fold(0u64, |at, ch| (ch.offset == at && ch.len <= chunks::CHUNK_BYTES_MAX).then_some(ch.end()));
+        if tiles != Some(size) || data.len() != refs.len() {
+            return Err(unavailable(&stub.portal, format!("hub sent a malformed file for inode {ino}")));
+        }
+        if stub.cache_ino == 0 {
+            stub.cache_ino = self.engine.remote_new_cache_file(&c)?;
+            self.engine.remote_stub_put(&c, ino, stub)?;
+        }
+        for (ch, wire) in refs.iter().zip(&data) {
+            let bytes = chunks::decompress_checked(wire, ch.len, &ch.hash).map_err(|m| unavailable(&stub.portal, format!("bad chunk from the hub: {m}")))?;
+            self.stats.wire_bytes.fetch_add(wire.len() as u64, Ordering::Relaxed);
+            self.stats.fetched_bytes.fetch_add(ch.len as u64, Ordering::Relaxed);
+            self.stats.fetched_chunks.fetch_add(1, Ordering::Relaxed);
+            self.engine.write(&c, stub.cache_ino, ch.offset, &bytes, Stability::Unstable)?;
+        }
+        self.remember_manifest(stub.hub_ino, version, Arc::new(refs.clone()));
+        self.record_fill(ino, stub, &refs)
     }
 
     /// Records chunks written into the cache file (under the file's fill lock). `Stale` when
@@ -840,6 +905,9 @@ impl SpokePortal {
         let Some(spawn) = self.spawner.clone() else { return };
         let size = self.engine.getattr(&Self::caller(), ino).map(|a| a.size).unwrap_or(0);
         let ev = neuralcache::AccessEvent { stream: stub.hub_ino, file: ino, offset, len, file_size: size, now_ms: (self.clock.now_ns() / 1_000_000) as u64 };
+        if size <= WHOLE_FILE_BELOW_BYTES {
+            self.prefetch_successors(stub, &spawn);
+        }
         let reqs = self.prefetcher.lock().on_access(&ev);
         for r in reqs {
             let me = self.clone();
@@ -848,6 +916,39 @@ impl SpokePortal {
                     me.stats.prefetched_bytes.fetch_add(r.len, Ordering::Relaxed);
                     me.prefetcher.lock().on_prefetch_done(r.file, r.offset, r.len, (me.clock.now_ns() / 1_000_000) as u64);
                 }
+            }));
+        }
+    }
+
+    /// Fetches the next files of the directory (name order) that are not cached yet.
+    fn prefetch_successors(self: &Arc<Self>, stub: &RemoteStub, spawn: &PrefetchSpawner) {
+        let root = self.settings.read().local_root;
+        if root == 0 {
+            return;
+        }
+        let c = Self::caller();
+        let comps = split_path(&stub.path);
+        let Some((name, parents)) = comps.split_last() else { return };
+        let mut dir = root;
+        for p in parents {
+            match self.engine.lookup(&c, dir, p) {
+                Ok(a) => dir = a.ino,
+                Err(_) => return,
+            }
+        }
+        let Ok(page) = self.engine.readdir(&c, dir, Some(name), SUCCESSORS_AHEAD) else { return };
+        for e in page.entries.into_iter().filter(|e| e.kind == FileKind::File) {
+            let cached = self.engine.remote_stub(e.ino).ok().flatten().is_some_and(|s| s.cache_ino != 0 && s.present_bytes() > 0);
+            if cached || !self.successors_asked.lock().insert(e.ino) {
+                continue;
+            }
+            let me = self.clone();
+            spawn(Box::new(move || {
+                let size = me.engine.getattr(&Self::caller(), e.ino).map(|a| a.size).unwrap_or(u64::MAX);
+                if size <= WHOLE_FILE_BELOW_BYTES && me.fill(e.ino, 0, size, false).is_ok() {
+                    me.stats.prefetched_bytes.fetch_add(size, Ordering::Relaxed);
+                }
+                me.successors_asked.lock().remove(&e.ino);
             }));
         }
     }

@@ -173,7 +173,7 @@ fn run(seed: u64) -> (u64, u64) {
         net: Mutex::new(Net { rng: StdRng::seed_from_u64(seed ^ 0x5eed), epoch: 1, partitioned_until_ms: 0, broken: false, queue: Vec::new() }),
         calls: AtomicU64::new(0),
     });
-    let settings = SpokeSettings { id: "psim".into(), mode: PortalMode::ReadOnly, serve_stale: false, cache_bytes_max: u64::MAX, free_percent_min: 0 };
+    let settings = SpokeSettings { id: "psim".into(), mode: PortalMode::ReadOnly, serve_stale: false, cache_bytes_max: u64::MAX, free_percent_min: 0, local_root: 0 };
     let portal = SpokePortal::new(spoke.clone(), settings, clock.clone(), None);
     portal.set_link(Some(link.clone()));
     spoke.set_remote_source(Arc::new(Source(Arc::downgrade(&portal))));
