@@ -5,6 +5,8 @@
 # Aquifer/Samba ratios:
 #   - put and get of one BENCH_SIZE_MIB file (1 GiB by default);
 #   - BENCH_FILES 4 KiB files created with one smbclient session (`put` of each, one session).
+# Samba runs twice: its default configuration (smbclient signs only the session setup) and
+# `server signing = mandatory`, since Aquifer signs every message.
 #
 #   scripts/bench-smb.sh
 #
@@ -42,11 +44,16 @@ AQUIFER_ADMIN_PASSWORD=$pw AQUIFER_LOG=warn "$bin" serve --data-dir "$work/aquif
     --drive-size "$(( (size_mib * 3 / 2 / 4 + 256) ))MiB" > "$work/aquifer.out" 2> "$work/aquifer.log" &
 pids+=($!)
 
+# Samba twice: as configured by default (smbclient then signs only the session setup) and
+# with signing required, as Aquifer requires it on every session.
 sb_port=$(free_port)
 source "$(dirname "$0")/smb-peer.sh"
 start_samba "$work/samba" "$sb_port" "$pw"
+sbs_port=$(free_port)
+start_samba "$work/samba-signed" "$sbs_port" "$pw" "server signing = mandatory"
 for _ in $(seq 300); do
-    grep -q "Aquifer is serving" "$work/aquifer.out" 2>/dev/null && (echo > "/dev/tcp/127.0.0.1/$sb_port") 2>/dev/null && break
+    grep -q "Aquifer is serving" "$work/aquifer.out" 2>/dev/null && (echo > "/dev/tcp/127.0.0.1/$sb_port") 2>/dev/null \
+        && (echo > "/dev/tcp/127.0.0.1/$sbs_port") 2>/dev/null && break
     sleep 0.2
 done
 grep -q "Aquifer is serving" "$work/aquifer.out" || { cat "$work/aquifer.log" >&2; exit 1; }
@@ -66,8 +73,12 @@ head -c 4096 /dev/urandom > "$work/small"
 creates=$(paste -sd';' "$work/creates.cmd")
 
 declare -A res
-for server in aquifer samba; do
-    if [[ $server == aquifer ]]; then port=$aq_port; user=admin; else port=$sb_port; user=root; fi
+for server in aquifer samba samba-signed; do
+    case $server in
+        aquifer) port=$aq_port; user=admin ;;
+        samba) port=$sb_port; user=root ;;
+        samba-signed) port=$sbs_port; user=root ;;
+    esac
     for r in $(seq "$reps"); do
         drop_caches
         res[$server.put]+="$(timed smb "$port" "$user" "put $work/big big$r") "
@@ -83,13 +94,15 @@ for server in aquifer samba; do
 done
 
 med() { tr ' ' '\n' <<< "${res[$1]}" | grep . | median; }
-echo "| operation | Aquifer | Samba smbd | Aquifer / Samba |"
-echo "|---|---|---|---|"
+echo "| operation | Aquifer (signed) | Samba smbd (default) | Samba smbd (signing mandatory) | Aquifer / Samba | Aquifer / Samba signed |"
+echo "|---|--:|--:|--:|--:|--:|"
 for op in put get; do
-    a=$(med aquifer.$op); s=$(med samba.$op)
-    printf '| %s %d MiB | %.0f MiB/s | %.0f MiB/s | %.2f |\n' "$op" "$size_mib" "$(bc -l <<< "$size_mib / $a")" "$(bc -l <<< "$size_mib / $s")" "$(bc -l <<< "$s / $a")"
+    a=$(med aquifer.$op); s=$(med samba.$op); ss=$(med samba-signed.$op)
+    printf '| %s %d MiB (MiB/s) | %.0f | %.0f | %.0f | %.2f× | %.2f× |\n' "$op" "$size_mib" "$(bc -l <<< "$size_mib / $a")" \
+        "$(bc -l <<< "$size_mib / $s")" "$(bc -l <<< "$size_mib / $ss")" "$(bc -l <<< "$s / $a")" "$(bc -l <<< "$ss / $a")"
 done
-a=$(med aquifer.create); s=$(med samba.create)
-printf '| create %d × 4 KiB (one session) | %.0f files/s | %.0f files/s | %.2f |\n' "$nfiles" "$(bc -l <<< "$nfiles / $a")" "$(bc -l <<< "$nfiles / $s")" "$(bc -l <<< "$s / $a")"
+a=$(med aquifer.create); s=$(med samba.create); ss=$(med samba-signed.create)
+printf '| create %d × 4 KiB, one session (files/s) | %.0f | %.0f | %.0f | %.2f× | %.2f× |\n' "$nfiles" "$(bc -l <<< "$nfiles / $a")" \
+    "$(bc -l <<< "$nfiles / $s")" "$(bc -l <<< "$nfiles / $ss")" "$(bc -l <<< "$s / $a")" "$(bc -l <<< "$ss / $a")"
 echo
 echo "Medians of $reps runs; encryption $([[ $encrypt == 1 ]] && echo on || echo off); $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)."

@@ -1,10 +1,12 @@
 # Sourced by scripts/smbtorture.sh and scripts/bench-smb.sh: stock Samba smbd with a minimal
 # standalone configuration (TESTING.md, SMB), every piece of its state under one directory.
 #
-#   start_samba DIR PORT PASSWORD   shares DIR/share as "aquifer" to root with PASSWORD on
-#                                   127.0.0.1:PORT, appends smbd's pid to the caller's `pids`
+#   start_samba DIR PORT PASSWORD [LINE]   shares DIR/share as "aquifer" to root with PASSWORD
+#                                   on 127.0.0.1:PORT, appends smbd's pid to the caller's
+#                                   `pids`; LINE is one more [global] setting (e.g.
+#                                   "server signing = mandatory")
 start_samba() {
-    local dir=$1 port=$2 password=$3
+    local dir=$1 port=$2 password=$3 extra=${4:-}
     mkdir -p "$dir/"{private,lock,state,cache,pid,ncalrpc,share}
     cat > "$dir/smb.conf" <<CONF
 [global]
@@ -23,11 +25,14 @@ start_samba() {
     passdb backend = tdbsam
     map to guest = never
     server min protocol = SMB2_02
+    $extra
 [aquifer]
     path = $dir/share
     read only = no
 CONF
     printf '%s\n%s\n' "$password" "$password" | smbpasswd -c "$dir/smb.conf" -s -a root >/dev/null
-    smbd -s "$dir/smb.conf" --foreground --no-process-group > "$dir/smbd.out" 2>&1 &
+    # Its own session: smbd signals its whole process group when it stops, which would
+    # otherwise include the calling script.
+    setsid smbd -s "$dir/smb.conf" --foreground --no-process-group > "$dir/smbd.out" 2>&1 &
     pids+=($!)
 }

@@ -2,7 +2,7 @@
 //! whose session sent the request, so the engine enforces permissions.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use smb_server::{
@@ -23,6 +23,13 @@ const FILE_ATTRIBUTE_ARCHIVE: u32 = 0x20;
 const FILE_ATTRIBUTE_NORMAL: u32 = 0x80;
 /// Allocation unit reported to clients.
 const BLOCK: u64 = 4096;
+/// Bytes read ahead for a handle read sequentially: one engine stripe (four 1 MiB data shards
+/// read from four drives at once). The library answers a connection's requests one at a
+/// time, so without this every READ waits for its own drive read.
+const READ_AHEAD: usize = 4 << 20;
+/// Most read-ahead bytes held by one share's handles together; past it reads go straight to
+/// the engine.
+const READ_AHEAD_BUDGET: usize = 256 << 20;
 
 /// The one mapping of engine errors to SMB errors (and so to NTSTATUS).
 pub fn smb_error(e: Error) -> SmbError {
@@ -83,12 +90,14 @@ pub struct EngineShare {
     read_only: bool,
     /// Sessions without an account (guest, anonymous) act as `Caller::anonymous()`.
     guest: bool,
+    /// Read-ahead bytes its handles hold now (at most [`READ_AHEAD_BUDGET`]).
+    ahead_bytes: Arc<AtomicUsize>,
 }
 
 impl EngineShare {
     pub fn new(engine: Arc<Engine>, path: &str, read_only: bool, guest: bool) -> EngineShare {
         let root = path.split('/').filter(|c| !c.is_empty()).collect::<Vec<_>>().join("/");
-        EngineShare { engine, root, read_only, guest }
+        EngineShare { engine, root, read_only, guest, ahead_bytes: Arc::new(AtomicUsize::new(0)) }
     }
 
     /// Where `path` lies in the namespace.
@@ -219,6 +228,8 @@ impl ShareBackend for EngineShare {
             case_sensitive: true,
             wrote: AtomicBool::new(false),
             opened_by: smb_server::request_identity(),
+            ahead: tokio::sync::Mutex::new(ReadAhead::default()),
+            ahead_bytes: self.ahead_bytes.clone(),
         };
         Ok((Box::new(handle), action))
     }
@@ -308,6 +319,74 @@ struct EngineHandle {
     /// The session identity of the open: a delete-on-close completed by this handle's close
     /// runs as it, also at connection teardown.
     opened_by: Option<Identity>,
+    ahead: tokio::sync::Mutex<ReadAhead>,
+    ahead_bytes: Arc<AtomicUsize>,
+}
+
+/// What makes read-ahead bytes stale: any write, truncate or attribute change to the file,
+/// through any protocol, moves its size, mtime or ctime (buffered writes included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    size: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+}
+
+impl Stamp {
+    fn of(a: &Attr) -> Stamp {
+        Stamp { size: a.size, mtime_ns: a.mtime_ns, ctime_ns: a.ctime_ns }
+    }
+}
+
+/// File bytes read from `offset` while the file had `stamp`; counted against the share's
+/// read-ahead budget until dropped.
+struct Chunk {
+    offset: u64,
+    data: Bytes,
+    stamp: Stamp,
+    budget: Arc<AtomicUsize>,
+    /// `data` is all the file had from `offset` (a short engine read): nothing follows it.
+    at_eof: bool,
+}
+
+impl Chunk {
+    fn covers(&self, offset: u64, len: u64) -> bool {
+        let end = self.offset + self.data.len() as u64;
+        offset >= self.offset && (offset + len <= end || (self.at_eof && offset <= end))
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        self.budget.fetch_sub(self.data.len(), Ordering::Relaxed);
+    }
+}
+
+/// Sequential read state of one handle: where the last READ ended, the chunk being served and
+/// the next one being read.
+#[derive(Default)]
+struct ReadAhead {
+    next: u64,
+    chunk: Option<Chunk>,
+    pending: Option<(u64, tokio::task::JoinHandle<SmbResult<Chunk>>)>,
+}
+
+impl ReadAhead {
+    fn clear(&mut self) {
+        self.chunk = None;
+        // A read still running finishes on its own; its chunk is dropped with the handle.
+        self.pending = None;
+    }
+}
+
+/// Reads `len` bytes at `offset` as a read-ahead chunk, taking its stamp first so a change
+/// racing the read makes the chunk stale rather than the stamp new.
+fn read_chunk(engine: &Engine, caller: &Caller, ino: Ino, offset: u64, len: usize, budget: Arc<AtomicUsize>) -> SmbResult<Chunk> {
+    let stamp = Stamp::of(&engine.getattr(caller, ino).map_err(smb_error)?);
+    let data = engine.read(caller, ino, offset, len).map_err(smb_error)?;
+    budget.fetch_add(data.len(), Ordering::Relaxed);
+    let at_eof = data.len() < len;
+    Ok(Chunk { offset, data: Bytes::from(data), stamp, budget, at_eof })
 }
 
 impl EngineHandle {
@@ -323,7 +402,51 @@ impl Handle for EngineHandle {
         if self.is_dir {
             return Err(SmbError::IsDirectory);
         }
-        self.with(move |e, c, ino| e.read(c, ino, offset, len as usize)).await.map(Bytes::from)
+        let mut ra = self.ahead.lock().await;
+        // Read-ahead starts with the second READ that continues the one before.
+        let sequential = offset > 0 && offset == ra.next;
+        ra.next = offset.saturating_add(u64::from(len));
+        if !sequential || len == 0 {
+            ra.clear();
+            drop(ra);
+            return self.with(move |e, c, ino| e.read(c, ino, offset, len as usize)).await.map(Bytes::from);
+        }
+        let want = u64::from(len);
+        if !ra.chunk.as_ref().is_some_and(|c| c.covers(offset, want)) {
+            ra.chunk = None;
+            if let Some((start, task)) = ra.pending.take() {
+                if start <= offset {
+                    match task.await {
+                        Ok(Ok(c)) if c.covers(offset, want) => ra.chunk = Some(c),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let current = self.with(|e, c, ino| e.getattr(c, ino)).await.map(|a| Stamp::of(&a))?;
+        if ra.chunk.as_ref().is_some_and(|c| c.stamp != current) {
+            ra.clear();
+        }
+        if ra.chunk.is_none() {
+            if self.ahead_bytes.load(Ordering::Relaxed) + READ_AHEAD > READ_AHEAD_BUDGET {
+                drop(ra);
+                return self.with(move |e, c, ino| e.read(c, ino, offset, len as usize)).await.map(Bytes::from);
+            }
+            let (engine, caller, ino, budget) = (self.engine.clone(), self.caller.clone(), self.ino, self.ahead_bytes.clone());
+            let size = READ_AHEAD.max(len as usize);
+            ra.chunk = Some(blocking(move || read_chunk(&engine, &caller, ino, offset, size, budget)).await?);
+        }
+        let chunk = ra.chunk.as_ref().expect("chunk installed above");
+        let from = (offset - chunk.offset) as usize;
+        let to = (from + len as usize).min(chunk.data.len());
+        let out = chunk.data.slice(from.min(to)..to);
+        // Start reading the next chunk while the client takes this one.
+        let next = chunk.offset + chunk.data.len() as u64;
+        if !chunk.at_eof && ra.pending.is_none() && self.ahead_bytes.load(Ordering::Relaxed) + READ_AHEAD <= READ_AHEAD_BUDGET {
+            let (engine, caller, ino, budget) = (self.engine.clone(), self.caller.clone(), self.ino, self.ahead_bytes.clone());
+            ra.pending = Some((next, tokio::task::spawn_blocking(move || read_chunk(&engine, &caller, ino, next, READ_AHEAD, budget))));
+        }
+        Ok(out)
     }
 
     async fn write(&self, offset: u64, data: &[u8]) -> SmbResult<u32> {
@@ -336,6 +459,7 @@ impl Handle for EngineHandle {
         }
         let n = u32::try_from(data.len()).map_err(|_| SmbError::NotSupported)?;
         self.wrote.store(true, Ordering::Relaxed);
+        self.ahead.lock().await.clear();
         // Unstable: collected in the engine's write buffer and flushed in whole stripes; FLUSH
         // (fsync on the client) commits, CLOSE flushes.
         self.with(move |e, c, ino| e.write(c, ino, offset, &data, Stability::Unstable)).await?;
@@ -387,6 +511,7 @@ impl Handle for EngineHandle {
     }
 
     async fn truncate(&self, len: u64) -> SmbResult<()> {
+        self.ahead.lock().await.clear();
         self.with(move |e, c, ino| e.setattr(c, ino, SetAttr { size: Some(len), ..Default::default() })).await.map(|_| ())
     }
 

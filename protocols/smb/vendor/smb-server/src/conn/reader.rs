@@ -24,6 +24,7 @@ async fn read_frame_rest(
     conn: &Connection,
     prefix: &mut [u8; FRAME_HEADER_LEN],
     filled: usize,
+    has_session: bool,
 ) -> io::Result<Vec<u8>> {
     reader.read_exact(&mut prefix[filled..]).await?;
     let len = match decode_frame_header(prefix) {
@@ -43,7 +44,13 @@ async fn read_frame_rest(
             format!("frame of {len} bytes exceeds the {limit}-byte limit"),
         ));
     }
-    let mut payload = Vec::with_capacity(len.min(INITIAL_FRAME_BUFFER));
+    // Aquifer patch: once the connection has a session, a frame's whole
+    // buffer is allocated up front (a MiB-sized WRITE no longer grows its
+    // buffer by doubling, copying it each time); before, it grows with the
+    // bytes that arrive, so an unauthenticated peer cannot make the server
+    // reserve memory it never sends.
+    let initial = if has_session { len } else { len.min(INITIAL_FRAME_BUFFER) };
+    let mut payload = Vec::with_capacity(initial);
     reader.take(len as u64).read_to_end(&mut payload).await?;
     if payload.len() < len {
         return Err(io::ErrorKind::UnexpectedEof.into());
@@ -127,7 +134,7 @@ pub async fn reader_task(
                 return Ok(());
             }
             Ok(filled) => {
-                let rest = read_frame_rest(&mut reader, &conn, &mut prefix, filled);
+                let rest = read_frame_rest(&mut reader, &conn, &mut prefix, filled, has_session);
                 match tokio::time::timeout(limits.io_timeout, rest).await {
                     Ok(frame) => frame,
                     Err(_) => Err(io::Error::new(

@@ -61,16 +61,7 @@ pub async fn handle(
     if (bytes.is_empty() && req.length > 0) || bytes.len() < req.minimum_count as usize {
         return HandlerResponse::err(ntstatus::STATUS_END_OF_FILE);
     }
-    let resp = ReadResponse {
-        structure_size: 17,
-        data_offset: ReadResponse::STANDARD_DATA_OFFSET,
-        reserved: 0,
-        data_length: bytes.len() as u32,
-        data_remaining: 0,
-        flags: 0,
-        data: bytes.to_vec(),
-    };
-    let mut buf = Vec::new();
-    resp.write_to(&mut buf).expect("encode");
+    // Aquifer patch: one copy of the data into the body.
+    let buf = ReadResponse::encode_data(&bytes);
     HandlerResponse::ok(buf)
 }

@@ -94,6 +94,21 @@ impl ReadResponse {
         Self::STANDARD_DATA_OFFSET
     }
 
+    /// Aquifer patch: the body of a successful READ response carrying `data`
+    /// at the standard offset, encoded with one copy of `data` (the
+    /// encoder above copies a MiB-sized READ several times).
+    pub fn encode_data(data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + data.len());
+        out.extend_from_slice(&17u16.to_le_bytes());
+        out.push(Self::STANDARD_DATA_OFFSET);
+        out.push(0);
+        out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(data);
+        out
+    }
+
     pub fn parse(buf: &[u8]) -> ProtoResult<Self> {
         Ok(Self::read(&mut Cursor::new(buf))?)
     }
@@ -131,6 +146,24 @@ mod tests {
         // The padding byte a client sends with no channel information.
         buf.push(0);
         assert_eq!(ReadRequest::parse(&buf).unwrap(), r);
+    }
+
+    #[test]
+    fn encode_data_matches_the_encoder() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+        let resp = ReadResponse {
+            structure_size: 17,
+            data_offset: ReadResponse::STANDARD_DATA_OFFSET,
+            reserved: 0,
+            data_length: data.len() as u32,
+            data_remaining: 0,
+            flags: 0,
+            data: data.clone(),
+        };
+        let mut want = Vec::new();
+        resp.write_to(&mut want).unwrap();
+        assert_eq!(ReadResponse::encode_data(&data), want);
+        assert_eq!(ReadResponse::parse(&ReadResponse::encode_data(&data)).unwrap(), resp);
     }
 
     #[test]
