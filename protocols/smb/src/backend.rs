@@ -405,11 +405,11 @@ impl Handle for EngineHandle {
         let mut ra = self.ahead.lock().await;
         // Read-ahead starts with the second READ that continues the one before.
         let sequential = offset > 0 && offset == ra.next;
-        ra.next = offset.saturating_add(u64::from(len));
         if !sequential || len == 0 {
             ra.clear();
-            drop(ra);
-            return self.with(move |e, c, ino| e.read(c, ino, offset, len as usize)).await.map(Bytes::from);
+            let out = self.with(move |e, c, ino| e.read(c, ino, offset, len as usize)).await?;
+            ra.next = offset + out.len() as u64;
+            return Ok(Bytes::from(out));
         }
         let want = u64::from(len);
         if !ra.chunk.as_ref().is_some_and(|c| c.covers(offset, want)) {
@@ -429,8 +429,9 @@ impl Handle for EngineHandle {
         }
         if ra.chunk.is_none() {
             if self.ahead_bytes.load(Ordering::Relaxed) + READ_AHEAD > READ_AHEAD_BUDGET {
-                drop(ra);
-                return self.with(move |e, c, ino| e.read(c, ino, offset, len as usize)).await.map(Bytes::from);
+                let out = self.with(move |e, c, ino| e.read(c, ino, offset, len as usize)).await?;
+                ra.next = offset + out.len() as u64;
+                return Ok(Bytes::from(out));
             }
             let (engine, caller, ino, budget) = (self.engine.clone(), self.caller.clone(), self.ino, self.ahead_bytes.clone());
             let size = READ_AHEAD.max(len as usize);
@@ -440,9 +441,10 @@ impl Handle for EngineHandle {
         let from = (offset - chunk.offset) as usize;
         let to = (from + len as usize).min(chunk.data.len());
         let out = chunk.data.slice(from.min(to)..to);
+        let (next, at_eof) = (chunk.offset + chunk.data.len() as u64, chunk.at_eof);
+        ra.next = offset + out.len() as u64;
         // Start reading the next chunk while the client takes this one.
-        let next = chunk.offset + chunk.data.len() as u64;
-        if !chunk.at_eof && ra.pending.is_none() && self.ahead_bytes.load(Ordering::Relaxed) + READ_AHEAD <= READ_AHEAD_BUDGET {
+        if !at_eof && ra.pending.is_none() && self.ahead_bytes.load(Ordering::Relaxed) + READ_AHEAD <= READ_AHEAD_BUDGET {
             let (engine, caller, ino, budget) = (self.engine.clone(), self.caller.clone(), self.ino, self.ahead_bytes.clone());
             ra.pending = Some((next, tokio::task::spawn_blocking(move || read_chunk(&engine, &caller, ino, next, READ_AHEAD, budget))));
         }
@@ -590,6 +592,72 @@ mod tests {
         assert_eq!(smb_error(Error::NotEmpty).to_nt_status(), 0xC000_0101);
         assert_eq!(smb_error(Error::Exists).to_nt_status(), 0xC000_0035);
         assert_eq!(smb_error(Error::NoSpace("x".into())).to_nt_status(), 0xC000_007F);
+    }
+
+    fn handle(engine: &Arc<Engine>, ino: Ino, budget: &Arc<AtomicUsize>) -> EngineHandle {
+        EngineHandle {
+            engine: engine.clone(),
+            caller: Caller::system(),
+            ino,
+            name: "f".into(),
+            is_dir: false,
+            case_sensitive: true,
+            wrote: AtomicBool::new(false),
+            opened_by: None,
+            ahead: tokio::sync::Mutex::new(ReadAhead::default()),
+            ahead_bytes: budget.clone(),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn read_ahead_serves_sequential_reads_and_never_stale_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 64 << 20, 4, 2)).unwrap();
+        let sys = Caller::system();
+        let f = engine.create(&sys, storage_engine::ROOT_INO, b"f", 0o644, true).unwrap();
+        let content: Vec<u8> = (0..(20u32 << 20) + 123).map(|i| (i % 251) as u8).collect();
+        engine.write(&sys, f.ino, 0, &content, Stability::Durable).unwrap();
+        let budget = Arc::new(AtomicUsize::new(0));
+        let h = handle(&engine, f.ino, &budget);
+        const MIB: u32 = 1 << 20;
+        // Sequential 1 MiB reads to the end, the last one short.
+        let mut got = Vec::new();
+        loop {
+            let b = h.read(got.len() as u64, MIB).await.unwrap();
+            if b.is_empty() {
+                break;
+            }
+            got.extend_from_slice(&b);
+        }
+        assert!(got == content, "sequential reads return the file");
+        assert!(budget.load(Ordering::Relaxed) > 0, "read-ahead was used");
+        // A change through the engine (any protocol) between two sequential reads is seen.
+        let h2 = handle(&engine, f.ino, &budget);
+        assert_eq!(&h2.read(0, MIB).await.unwrap()[..], &content[..MIB as usize]);
+        assert_eq!(&h2.read(u64::from(MIB), MIB).await.unwrap()[..], &content[MIB as usize..2 * MIB as usize]);
+        engine.write(&sys, f.ino, 2 << 20, &[0xAB; 4096], Stability::Unstable).unwrap();
+        let b = h2.read(2 * u64::from(MIB), MIB).await.unwrap();
+        assert_eq!(&b[..4096], &[0xAB; 4096][..], "a buffered write elsewhere is not hidden by read-ahead");
+        assert_eq!(&b[4096..], &content[(2 << 20) + 4096..3 << 20]);
+        // The handle's own write, and a truncate, drop its read-ahead.
+        h2.write_owned(3 << 20, vec![0xCD; 10]).await.unwrap();
+        assert_eq!(&h2.read(3 << 20, 10).await.unwrap()[..], &[0xCD; 10][..]);
+        h2.truncate(5 << 20).await.unwrap();
+        assert!(h2.read(5 << 20, MIB).await.unwrap().is_empty());
+        // Random reads go straight to the engine.
+        assert_eq!(&h2.read(7, 100).await.unwrap()[..], &content[7..107]);
+        assert_eq!(&h.read(7, 100).await.unwrap()[..], &content[7..107]);
+        drop(h2);
+        drop(h);
+        // Chunks still being read in the background give their budget back when they finish.
+        for _ in 0..100 {
+            if budget.load(Ordering::Relaxed) == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(budget.load(Ordering::Relaxed), 0, "read-ahead bytes released");
+        engine.shutdown().unwrap();
     }
 
     #[test]
