@@ -5,7 +5,8 @@
 #     for a small-sample and a shard dataset;
 #  2. bytes over the WAN for 5 versions of a 256 MiB checkpoint (about 10 % of bytes changed
 #     between versions), each read through the spoke, against a plain copy of each version.
-# Usage: bash scripts/bench-portal.sh   (AQUIFER_BIN to use another binary)
+# Usage: bash scripts/bench-portal.sh   (AQUIFER_BIN to use another binary; KEEP_BATCHES=PREFIX
+# keeps each run's per-batch lines in PREFIX-LAYOUT-SIDE.txt; SKIP_CHECKPOINT=1 skips part 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${AQUIFER_BIN:-${CARGO_TARGET_DIR:-/var/cache/aquifer-target}/debug/aquifer}
@@ -25,10 +26,11 @@ start() { # name -> sets ${name}_rest ${name}_fabric
     --sftp 127.0.0.1:0 --smb 127.0.0.1:0 --fabric 127.0.0.1:0 --drive-size 2GiB --region bench \
     > "$work/$name.out" 2> "$work/$name.log" &
   pids+=($!)
-  for _ in $(seq 1 600); do
+  for _ in $(seq 1 3000); do
     grep -q "^Aquifer is serving" "$work/$name.out" 2>/dev/null && break
     sleep 0.1
   done
+  grep -q "^Aquifer is serving" "$work/$name.out" || { echo "$name did not start:" >&2; tail -n 20 "$work/$name.log" >&2; exit 1; }
   printf -v "${name}_rest" '%s' "$(sed -n 's|.*REST API and file API at http://\([^/]*\)/.*|\1|p' "$work/$name.out")"
   printf -v "${name}_fabric" '%s' "$(sed -n 's|^Fabric at fabric://\([^ ]*\) .*|\1|p' "$work/$name.out")"
 }
@@ -65,9 +67,10 @@ done
 [[ $state == active ]] || { echo "portal did not become active" >&2; exit 1; }
 
 
-train() { # endpoint path layout -> final JSON line
+train() { # endpoint path layout [keep-as] -> final JSON line
   "$bin" bench train --via rest --endpoint "$1" --path "$2" --layout "$3" --workers 8 --batch 16 \
     --compute-ms 100 > "$work/train.out" 2> "$work/train.err" || { echo "bench train failed:" >&2; tail -n 5 "$work/train.err" "$work/train.out" >&2; exit 1; }
+  [[ -n "${4:-}" && -n "${KEEP_BATCHES:-}" ]] && cp "$work/train.out" "$KEEP_BATCHES-$4.txt"
   grep '^{' "$work/train.out" | tail -1
 }
 report() { python3 - "$@" <<'PY'
@@ -82,15 +85,16 @@ PY
 echo "| layout | batches | hub samples/s | spoke samples/s | spoke/hub after warm-up | hub util | spoke util | hub warm-up | spoke warm-up |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for layout in shard small; do
-  h=$(train "$hub_rest" "/bench/$layout" "$layout")
+  h=$(train "$hub_rest" "/bench/$layout" "$layout" "$layout-hub")
   before=$(wan_status)
-  s=$(train "$spoke_rest" "/bench/$layout" "$layout")
+  s=$(train "$spoke_rest" "/bench/$layout" "$layout" "$layout-spoke")
   after_b=$(wan_status)
   report "$layout" "$h" "$s"
   echo "  ($layout: $(( (after_b - before) >> 20 )) MiB over the WAN)" >&2
 done
 
 # Checkpoint versions: written on the hub, read in turn through the spoke.
+[[ -n "${SKIP_CHECKPOINT:-}" ]] && exit 0
 python3 - "$hub_rest" "$spoke_rest" "$control" "$AQUIFER_PASSWORD" <<'PY'
 import base64, json, random, socket, sys, urllib.request
 hub, spoke, control, pw = sys.argv[1:5]

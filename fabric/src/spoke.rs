@@ -35,6 +35,8 @@ pub const RETIRED_CACHE_BYTES_MAX: u64 = 2 << 30;
 /// Files after a small file (in name order) fetched ahead when it is read: training jobs that
 /// do not shuffle read samples in directory order.
 pub const SUCCESSORS_AHEAD: usize = 32;
+/// Bytes of the next file fetched ahead when a large file (a shard) is half read.
+pub const NEXT_FILE_HEAD_BYTES: u64 = 8 << 20;
 /// Manifests kept on the spoke.
 const MANIFESTS_MAX: usize = 4096;
 /// Attempts before an answer that keeps being overtaken by changes is given up.
@@ -906,7 +908,10 @@ impl SpokePortal {
         let size = self.engine.getattr(&Self::caller(), ino).map(|a| a.size).unwrap_or(0);
         let ev = neuralcache::AccessEvent { stream: stub.hub_ino, file: ino, offset, len, file_size: size, now_ms: (self.clock.now_ns() / 1_000_000) as u64 };
         if size <= WHOLE_FILE_BELOW_BYTES {
-            self.prefetch_successors(stub, &spawn);
+            self.prefetch_successors(stub, &spawn, SUCCESSORS_AHEAD, WHOLE_FILE_BELOW_BYTES);
+        } else if offset + len >= size / 2 {
+            // Past the middle of a large file read in order (a shard): start on the next one.
+            self.prefetch_successors(stub, &spawn, 1, NEXT_FILE_HEAD_BYTES);
         }
         let reqs = self.prefetcher.lock().on_access(&ev);
         for r in reqs {
@@ -920,8 +925,9 @@ impl SpokePortal {
         }
     }
 
-    /// Fetches the next files of the directory (name order) that are not cached yet.
-    fn prefetch_successors(self: &Arc<Self>, stub: &RemoteStub, spawn: &PrefetchSpawner) {
+    /// Fetches the first `head` bytes of the next `count` files of the directory (name order)
+    /// that do not have them cached yet.
+    fn prefetch_successors(self: &Arc<Self>, stub: &RemoteStub, spawn: &PrefetchSpawner, count: usize, head: u64) {
         let root = self.settings.read().local_root;
         if root == 0 {
             return;
@@ -936,17 +942,18 @@ impl SpokePortal {
                 Err(_) => return,
             }
         }
-        let Ok(page) = self.engine.readdir(&c, dir, Some(name), SUCCESSORS_AHEAD) else { return };
+        let Ok(page) = self.engine.readdir(&c, dir, Some(name), count) else { return };
         for e in page.entries.into_iter().filter(|e| e.kind == FileKind::File) {
-            let cached = self.engine.remote_stub(e.ino).ok().flatten().is_some_and(|s| s.cache_ino != 0 && s.present_bytes() > 0);
-            if cached || !self.successors_asked.lock().insert(e.ino) {
+            let size = self.engine.getattr(&c, e.ino).map(|a| a.size).unwrap_or(0);
+            let want = size.min(head);
+            let cached = self.engine.remote_stub(e.ino).ok().flatten().is_some_and(|s| s.cache_ino != 0 && s.has(0, want));
+            if want == 0 || cached || !self.successors_asked.lock().insert(e.ino) {
                 continue;
             }
             let me = self.clone();
             spawn(Box::new(move || {
-                let size = me.engine.getattr(&Self::caller(), e.ino).map(|a| a.size).unwrap_or(u64::MAX);
-                if size <= WHOLE_FILE_BELOW_BYTES && me.fill(e.ino, 0, size, false).is_ok() {
-                    me.stats.prefetched_bytes.fetch_add(size, Ordering::Relaxed);
+                if me.fill(e.ino, 0, want, false).is_ok() {
+                    me.stats.prefetched_bytes.fetch_add(want, Ordering::Relaxed);
                 }
                 me.successors_asked.lock().remove(&e.ino);
             }));
