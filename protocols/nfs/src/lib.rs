@@ -13,6 +13,7 @@ mod exports;
 mod handle;
 mod mount;
 mod proc;
+mod readahead;
 mod rpc;
 pub mod wire;
 

@@ -68,11 +68,12 @@ pub(crate) struct State {
     write_verf: writeverf3,
     /// (directory, cookie) → name of the entry the cookie stands for.
     cookies: Mutex<HashMap<(Ino, u64), Vec<u8>>>,
+    pub readahead: crate::readahead::Readahead,
 }
 
 impl State {
     pub(crate) fn new(exports: ExportTable) -> State {
-        State { engine: exports.engine().clone(), exports, write_verf: writeverf3(rand::random()), cookies: Mutex::new(HashMap::new()) }
+        State { engine: exports.engine().clone(), exports, write_verf: writeverf3(rand::random()), cookies: Mutex::new(HashMap::new()), readahead: Default::default() }
     }
 
     /// The export a mount path falls under (the longest matching export path) and the rest.
@@ -434,12 +435,18 @@ async fn read(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     }
     let count = a.count.min(IO_BYTES_MAX) as usize;
     let (engine, caller, ino, off) = (ctx.engine(), ctx.caller.clone(), attr.ino, a.offset);
-    let r = blocking(move || {
-        let data = if count == 0 { Vec::new() } else { engine.read(&caller, ino, off, count)? };
-        let after = engine.getattr(&caller, ino)?;
-        Ok((data, after))
-    })
-    .await;
+    // From a window read ahead, under the attributes just loaded (unchanged since it was read).
+    let r = match state.readahead.read(&engine, &caller, &attr, off, count).await {
+        Some(data) => Ok((data, attr.clone())),
+        None => {
+            blocking(move || {
+                let data = if count == 0 { Vec::new() } else { engine.read(&caller, ino, off, count)? };
+                let after = engine.getattr(&caller, ino)?;
+                Ok((data, after))
+            })
+            .await
+        }
+    };
     match r {
         Ok((data, after)) => {
             let eof = off.saturating_add(data.len() as u64) >= after.size;

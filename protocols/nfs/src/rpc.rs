@@ -43,8 +43,15 @@ pub(crate) enum Reply {
     AuthTooWeak,
 }
 
+/// Bytes in front of a successful reply's body: the record mark and the accepted-reply header
+/// with an AUTH_NULL verifier (xid, REPLY, MSG_ACCEPTED, flavor, length, SUCCESS). Bodies are
+/// packed behind this room and the header is filled in place, so a 1 MiB READ reply is
+/// copied once, not once per layer.
+const SUCCESS_HEAD_BYTES: usize = 4 + 6 * 4;
+
 pub(crate) fn packed<T: Pack>(v: &T) -> Reply {
-    let mut out = Vec::with_capacity(v.packed_size());
+    let mut out = Vec::with_capacity(SUCCESS_HEAD_BYTES + v.packed_size());
+    out.resize(SUCCESS_HEAD_BYTES, 0);
     match v.pack(&mut out) {
         Ok(_) => Reply::Success(out),
         // Packing into a Vec only fails on values that break XDR limits: a bug here.
@@ -99,9 +106,8 @@ async fn connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr) -> a
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(REPLY_QUEUE_MAX);
     let writer = async move {
+        // Each reply is a whole record, its mark included.
         while let Some(reply) = rx.recv().await {
-            let mark = (reply.len() as u32 | 0x8000_0000).to_be_bytes();
-            wr.write_all(&mark).await?;
             wr.write_all(&reply).await?;
         }
         anyhow::Ok(())
@@ -159,11 +165,32 @@ async fn handle_call(state: &Arc<State>, peer: IpAddr, xid: u32, call: CallHeade
         crate::mount::dispatch(state, &info, call.proc_, args).await
     };
     match reply {
-        Reply::Success(body) => accepted(xid, accept_stat_data::SUCCESS, &body),
+        Reply::Success(body) => success(xid, body),
         Reply::GarbageArgs => accepted(xid, accept_stat_data::GARBAGE_ARGS, &[]),
         Reply::ProcUnavailable => accepted(xid, accept_stat_data::PROC_UNAVAIL, &[]),
         Reply::AuthTooWeak => denied(xid, rejected_reply::auth_error(auth_stat::AUTH_TOOWEAK)),
     }
+}
+
+/// Fills in the record mark and header in front of a body packed by [`packed`].
+fn success(xid: u32, mut out: Vec<u8>) -> Vec<u8> {
+    let mark = (out.len() - 4) as u32 | 0x8000_0000;
+    let head = [mark, xid, 1 /* REPLY */, 0 /* MSG_ACCEPTED */, auth_flavor::AUTH_NULL as u32, 0, 0 /* SUCCESS */];
+    for (i, w) in head.iter().enumerate() {
+        out[i * 4..i * 4 + 4].copy_from_slice(&w.to_be_bytes());
+    }
+    out
+}
+
+/// A whole record (mark included) holding `msg` and then `body`.
+fn record_of(msg: &rpc_msg, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + msg.packed_size() + body.len());
+    out.extend_from_slice(&[0; 4]);
+    msg.pack(&mut out).expect("pack RPC reply header");
+    out.extend_from_slice(body);
+    let mark = (out.len() - 4) as u32 | 0x8000_0000;
+    out[..4].copy_from_slice(&mark.to_be_bytes());
+    out
 }
 
 fn accepted(xid: u32, stat: accept_stat_data, body: &[u8]) -> Vec<u8> {
@@ -171,16 +198,26 @@ fn accepted(xid: u32, stat: accept_stat_data, body: &[u8]) -> Vec<u8> {
         xid,
         body: msg_body::REPLY(reply_body::MSG_ACCEPTED(accepted_reply { verf: opaque_auth::default(), reply_data: stat })),
     };
-    let mut out = Vec::with_capacity(msg.packed_size() + body.len());
-    msg.pack(&mut out).expect("pack RPC reply header");
-    out.extend_from_slice(body);
-    out
+    record_of(&msg, body)
 }
 
 fn denied(xid: u32, rej: rejected_reply) -> Vec<u8> {
     let msg = rpc_msg { xid, body: msg_body::REPLY(reply_body::MSG_DENIED(rej)) };
-    let mut out = Vec::new();
-    msg.pack(&mut out).expect("pack RPC reply header");
-    Void.pack(&mut out).expect("pack void");
-    out
+    let mut void = Vec::new();
+    Void.pack(&mut void).expect("pack void");
+    record_of(&msg, &void)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn success_header_filled_in_place_matches_the_packed_header() {
+        let body = vec![7u8; 1000];
+        let Reply::Success(room) = packed(&nfs3_types::xdr_codec::Opaque::owned(body.clone())) else { panic!("packed") };
+        let mut packed_body = Vec::new();
+        nfs3_types::xdr_codec::Opaque::owned(body).pack(&mut packed_body).unwrap();
+        assert_eq!(success(0x1234_5678, room), accepted(0x1234_5678, accept_stat_data::SUCCESS, &packed_body));
+    }
 }

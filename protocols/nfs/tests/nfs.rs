@@ -339,6 +339,48 @@ async fn export_table_changes_apply_to_mounted_clients() {
     task.await.unwrap().unwrap();
 }
 
+/// Sequential READs are served from windows read ahead; a change to the file between READs
+/// (here through the engine, as another protocol would) is seen by the next READ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sequential_reads_read_ahead_and_see_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let c = Caller::system();
+    let f = engine.create(&c, storage_engine::ROOT_INO, b"seq", 0o644, true).unwrap();
+    let data = bytes(11, 9 * 1024 * 1024 + 333);
+    engine.write(&c, f.ino, 0, &data, Stability::Durable).unwrap();
+    let server = Server::start(engine.clone(), vec![export("/")]).await;
+    let root = mount_root(server.addr, "/").await;
+    let mut nfs = client(server.addr).await;
+    let fh = nfs
+        .lookup(&LOOKUP3args { what: diropargs3 { dir: root, name: filename3(Opaque::owned(b"seq".to_vec())) } })
+        .await
+        .unwrap()
+        .unwrap()
+        .object;
+    let step = 256 * 1024;
+    let mut got = Vec::new();
+    let mut changed = data.clone();
+    loop {
+        let off = got.len() as u64;
+        if off == 5 * 1024 * 1024 {
+            // Windows ahead of the reader now hold the old bytes of this range.
+            let patch = bytes(12, 100_000);
+            engine.write(&c, f.ino, off + 10, &patch, Stability::Durable).unwrap();
+            changed[off as usize + 10..off as usize + 10 + patch.len()].copy_from_slice(&patch);
+        }
+        let r = nfs.read(&READ3args { file: fh.clone(), offset: off, count: step }).await.unwrap().unwrap();
+        got.extend_from_slice(&r.data);
+        if r.eof {
+            break;
+        }
+        assert_eq!(r.data.len(), step as usize, "short READ before the end");
+    }
+    assert_eq!(got.len(), changed.len());
+    assert!(got == changed, "bytes read sequentially, with the change made during the pass");
+    server.stop().await;
+}
+
 /// Sends raw bytes and returns what the server answers before closing or going quiet.
 fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
     let mut s = TcpStream::connect(addr).unwrap();
