@@ -111,6 +111,14 @@ pub enum Command {
         #[command(subcommand)]
         cmd: Option<ExportsCmd>,
     },
+    /// SMB shares: the configuration file's and those added here, served without a restart
+    /// (default: list).
+    Shares {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(subcommand)]
+        cmd: Option<SharesCmd>,
+    },
     /// The audit log: every portal operation and refusal, residency changes.
     Audit {
         #[command(flatten)]
@@ -191,6 +199,51 @@ pub enum ExportsCmd {
     },
     /// Remove an export added with `add` (by id or path); clients using it are refused.
     Rm { export: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SharesCmd {
+    /// List shares (configuration file and added here).
+    List,
+    /// Share a directory over SMB as \\server\NAME.
+    Add {
+        /// Share name: letters, digits, '-', '_', '.', '$' (case-insensitive).
+        name: String,
+        /// Directory of the namespace (must exist); clients see it as the share's root.
+        path: String,
+        #[arg(long)]
+        read_only: bool,
+        /// Admit sessions without an account, as nobody/nogroup (from the next restart
+        /// when no share admitted guests at start: signing is then required of every session).
+        #[arg(long)]
+        guest: bool,
+        /// Only encrypted SMB 3 sessions may connect.
+        #[arg(long)]
+        encrypt: bool,
+        /// SMB2 leases and durable handles; only for directories no other protocol writes.
+        #[arg(long)]
+        leases: bool,
+    },
+    /// Change a share added with `add`; its connections are closed and reconnect.
+    Set {
+        name: String,
+        #[arg(long)]
+        path: Option<String>,
+        /// on or off.
+        #[arg(long)]
+        read_only: Option<String>,
+        /// on or off.
+        #[arg(long)]
+        guest: Option<String>,
+        /// on or off.
+        #[arg(long)]
+        encrypt: Option<String>,
+        /// on or off.
+        #[arg(long)]
+        leases: Option<String>,
+    },
+    /// Remove a share added with `add`; its connections and open files are closed.
+    Rm { name: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -366,6 +419,7 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::Portal { conn, cmd } => portal(&Client::new(&conn)?, cmd.unwrap_or(PortalCmd::List)),
         Command::Residency { conn, cmd } => residency(&Client::new(&conn)?, cmd),
         Command::Exports { conn, cmd } => exports(&Client::new(&conn)?, cmd.unwrap_or(ExportsCmd::List)),
+        Command::Shares { conn, cmd } => shares(&Client::new(&conn)?, cmd.unwrap_or(SharesCmd::List)),
         Command::Audit { conn, after, limit } => {
             let c = Client::new(&conn)?;
             let v = c.call(Method::GET, &format!("/audit?after={after}&limit={limit}"), None, "read the audit log")?;
@@ -1094,6 +1148,57 @@ fn residency(c: &Client, cmd: ResidencyCmd) -> Result<()> {
         }
         ResidencyCmd::Rm { path } => {
             c.call(Method::DELETE, &format!("/residency/{}", residency_path(&path)), None, &format!("remove label of {path}"))?;
+            Ok(())
+        }
+    }
+}
+
+// ------------------------------------------------------------------ SMB shares
+
+fn print_share(e: &Value) {
+    let flags: Vec<&str> = [("read_only", "ro"), ("guest", "guest"), ("encrypt", "encrypt"), ("leases", "leases")]
+        .into_iter()
+        .filter(|(k, _)| e.get(*k).and_then(Value::as_bool).unwrap_or(false))
+        .map(|(_, f)| f)
+        .collect();
+    let flags = if flags.is_empty() { "-".to_string() } else { flags.join(",") };
+    println!("{:<20} {:<6} {:<24} {}", s(e, "name"), s(e, "source"), flags, s(e, "path"));
+}
+
+fn shares(c: &Client, cmd: SharesCmd) -> Result<()> {
+    match cmd {
+        SharesCmd::List => {
+            let v = c.call(Method::GET, "/shares", None, "list shares")?;
+            c.print(&v, |v| {
+                println!("{:<20} {:<6} {:<24} PATH", "NAME", "SOURCE", "FLAGS");
+                for e in items(v) {
+                    print_share(e);
+                }
+            })
+        }
+        SharesCmd::Add { name, path, read_only, guest, encrypt, leases } => {
+            let body = json!({ "name": name, "path": path, "read_only": read_only, "guest": guest, "encrypt": encrypt, "leases": leases });
+            let v = c.call(Method::POST, "/shares", Some(body), &format!("share {path} as {name}"))?;
+            c.print(&v, print_share)
+        }
+        SharesCmd::Set { name, path, read_only, guest, encrypt, leases } => {
+            let mut body = serde_json::Map::new();
+            if let Some(p) = path {
+                body.insert("path".into(), json!(p));
+            }
+            for (key, flag, v) in [("read_only", "--read-only", read_only), ("guest", "--guest", guest), ("encrypt", "--encrypt", encrypt), ("leases", "--leases", leases)] {
+                if let Some(b) = on_off(flag, v)? {
+                    body.insert(key.into(), json!(b));
+                }
+            }
+            if body.is_empty() {
+                bail!("nothing to change: give --path, --read-only, --guest, --encrypt or --leases");
+            }
+            let v = c.call(Method::PATCH, &format!("/shares/{}", enc(&name)), Some(Value::Object(body)), &format!("change share {name}"))?;
+            c.print(&v, print_share)
+        }
+        SharesCmd::Rm { name } => {
+            c.call(Method::DELETE, &format!("/shares/{}", enc(&name)), None, &format!("remove share {name}"))?;
             Ok(())
         }
     }

@@ -5,6 +5,7 @@ mod cli;
 mod export_api;
 mod portal_api;
 mod serve;
+mod share_api;
 mod wan_cmd;
 
 use clap::{Parser, Subcommand};

@@ -229,7 +229,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         smb: addr(args.smb, file.listen.smb, "127.0.0.1:445"),
         smb_given: args.smb.or(file.listen.smb).is_some(),
         smb_shares: if file.shares.is_empty() {
-            aquifer_smb::SmbOptions::default().shares
+            aquifer_smb::default_shares()
         } else {
             file.shares
                 .iter()
@@ -381,8 +381,9 @@ async fn serve_all(engine: Arc<Engine>, listen: Listeners, data_dir: PathBuf) ->
     let nfs = bind("NFS", listen.nfs).await?;
     let sftp = bind("SFTP", listen.sftp).await?;
     let (rest_at, s3_at, nfs_at, sftp_at) = (rest.local_addr()?, s3.local_addr()?, nfs.local_addr()?, sftp.local_addr()?);
-    let smb_opts = aquifer_smb::SmbOptions { shares: listen.smb_shares.clone(), ..Default::default() };
-    let smb = match aquifer_smb::SmbService::bind(engine.clone(), listen.smb, smb_opts).await {
+    // Shares of the configuration file and those added through the API (engine settings).
+    let smb_shares = aquifer_smb::ShareTable::new(engine.clone(), listen.smb_shares.clone()).context("SMB shares")?;
+    let smb = match aquifer_smb::SmbService::bind(engine.clone(), listen.smb, aquifer_smb::SmbOptions::default(), smb_shares.clone()).await {
         Ok(s) => Some(s),
         Err(e) if !listen.smb_given => {
             tracing::warn!("not serving SMB: {e:#} (give --smb ADDR, e.g. 127.0.0.1:4445)");
@@ -406,7 +407,8 @@ async fn serve_all(engine: Arc<Engine>, listen: Listeners, data_dir: PathBuf) ->
     let export_api: Arc<dyn aquifer_rest::exports::ExportAdmin> = Arc::new(crate::export_api::ExportApi(exports.clone()));
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn({
-        let hooks = aquifer_rest::Hooks { portals: Some(portals), exports: Some(export_api) };
+        let share_api: Arc<dyn aquifer_rest::shares::ShareAdmin> = Arc::new(crate::share_api::ShareApi(smb_shares));
+        let hooks = aquifer_rest::Hooks { portals: Some(portals), exports: Some(export_api), shares: Some(share_api) };
         let f = aquifer_rest::serve_hooks(engine.clone(), hooks, rest, stopped());
         async move { ("REST", f.await.map_err(anyhow::Error::from)) }
     });
@@ -426,7 +428,7 @@ async fn serve_all(engine: Arc<Engine>, listen: Listeners, data_dir: PathBuf) ->
     });
     if let Some(smb) = smb {
         let at = smb.local_addr();
-        let names: Vec<String> = listen.smb_shares.iter().map(|s| s.name.clone()).collect();
+        let names = smb.share_names();
         println!("SMB at smb://{at} (shares: {})", names.join(", "));
         tasks.spawn({
             let f = smb.serve(stopped());

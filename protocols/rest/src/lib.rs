@@ -18,6 +18,7 @@ mod openapi;
 mod paths;
 pub mod portals;
 mod server;
+pub mod shares;
 pub mod wire;
 
 use std::sync::Arc;
@@ -41,6 +42,7 @@ pub(crate) struct AppState {
     pub engine: Arc<Engine>,
     pub portals: Option<Arc<dyn portals::PortalAdmin>>,
     pub exports: Option<Arc<dyn exports::ExportAdmin>>,
+    pub shares: Option<Arc<dyn shares::ShareAdmin>>,
 }
 
 /// The services the daemon runs beside the API that some routes administer; a route whose
@@ -49,6 +51,7 @@ pub(crate) struct AppState {
 pub struct Hooks {
     pub portals: Option<Arc<dyn portals::PortalAdmin>>,
     pub exports: Option<Arc<dyn exports::ExportAdmin>>,
+    pub shares: Option<Arc<dyn shares::ShareAdmin>>,
 }
 
 /// Builds the router and records every (method, path) it serves, so that the OpenAPI document
@@ -77,6 +80,7 @@ fn routes() -> Routes {
     let r = files::routes(r);
     let r = portals::routes(r);
     let r = exports::routes(r);
+    let r = shares::routes(r);
     r.on(Method::GET, "/api/v1/openapi.json", openapi::get_openapi)
 }
 
@@ -105,5 +109,5 @@ pub fn router_hooks(engine: Arc<Engine>, hooks: Hooks) -> Router {
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(JSON_BODY_BYTES_MAX))
-        .with_state(AppState { engine, portals: hooks.portals, exports: hooks.exports })
+        .with_state(AppState { engine, portals: hooks.portals, exports: hooks.exports, shares: hooks.shares })
 }

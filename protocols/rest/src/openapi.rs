@@ -219,6 +219,7 @@ fn operations() -> Vec<Op> {
     .into_iter()
     .chain(crate::portals::operations())
     .chain(crate::exports::operations())
+    .chain(crate::shares::operations())
     .collect()
 }
 

@@ -7,6 +7,7 @@
 //! as the engine's anonymous caller (nobody/nogroup).
 
 mod backend;
+pub mod shares;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -19,9 +20,11 @@ use storage_engine::Engine;
 use tracing::{info, warn};
 
 pub use backend::{EngineShare, smb_error};
+pub use shares::{SHARE_SETTING_NS, ShareError, SharePatch, ShareSource, ShareTable};
 
-/// How often accounts created, changed or removed through the API reach the SMB user table.
-const USER_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+/// How often accounts and shares created, changed or removed through the API reach the SMB
+/// server (share changes made through the [`ShareTable`] apply at once).
+const SYNC_INTERVAL: Duration = Duration::from_secs(1);
 /// After shutdown is asked, how long connections get to finish before they are dropped.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -66,85 +69,85 @@ impl ShareConfig {
 
 #[derive(Debug, Clone)]
 pub struct SmbOptions {
-    pub shares: Vec<ShareConfig>,
     /// NetBIOS name announced to clients.
     pub server_name: String,
 }
 
 impl Default for SmbOptions {
-    /// The embedded default: the whole namespace as `aquifer`.
     fn default() -> Self {
-        SmbOptions { shares: vec![ShareConfig::new("aquifer", "/")], server_name: "AQUIFER".into() }
+        SmbOptions { server_name: "AQUIFER".into() }
     }
+}
+
+/// The embedded default when the configuration file has no shares: the whole namespace as
+/// `aquifer`.
+pub fn default_shares() -> Vec<ShareConfig> {
+    vec![ShareConfig::new("aquifer", "/")]
 }
 
 /// An SMB server bound to its address, not yet serving.
 pub struct SmbService {
     server: SmbServer,
     engine: Arc<Engine>,
-    shares: Vec<ShareConfig>,
+    table: ShareTable,
     local: SocketAddr,
 }
 
 impl SmbService {
-    /// Builds the server and binds `addr` (port 0 picks one; see [`SmbService::local_addr`]).
-    pub async fn bind(engine: Arc<Engine>, addr: SocketAddr, opts: SmbOptions) -> anyhow::Result<SmbService> {
-        if opts.shares.is_empty() {
+    /// Builds the server with the table's shares and binds `addr` (port 0 picks one; see
+    /// [`SmbService::local_addr`]).
+    pub async fn bind(engine: Arc<Engine>, addr: SocketAddr, opts: SmbOptions, table: ShareTable) -> anyhow::Result<SmbService> {
+        let shares: Vec<ShareConfig> = table.list().into_iter().map(|(s, _)| s).collect();
+        if shares.is_empty() {
             bail!("SMB needs at least one share");
         }
-        for s in &opts.shares {
-            s.validate()?;
-        }
-        // Guest sessions cannot sign; signing is required unless a share admits guests.
-        let any_guest = opts.shares.iter().any(|s| s.guest);
-        let mut builder = SmbServer::builder()
+        // Guest sessions cannot sign; signing is required unless a share admits guests. This is
+        // fixed when the server starts: a guest share added later admits guests after a restart.
+        let any_guest = shares.iter().any(|s| s.guest);
+        let builder = SmbServer::builder()
             .listen(addr)
             .netbios_name(opts.server_name.clone())
             .require_signing(!any_guest)
             // Each WRITE is one engine call; 1 MiB matches the engine's stripe-sized buffering.
             .max_write_size(1 << 20)
             .max_read_size(1 << 20);
-        for s in &opts.shares {
-            let backend = EngineShare::new(engine.clone(), &s.path, s.read_only, s.guest);
-            let mut share = Share::new(s.name.clone(), backend).leases(s.leases).durable_handles(s.leases);
-            if s.guest {
-                share = if s.read_only { share.public_read_only() } else { share.public() };
-            }
-            if s.encrypt {
-                share = share.encrypt_data();
-            }
-            builder = builder.share(share);
-        }
+        // Shares are added by the first sync, with the users they admit.
         let server = builder.build().context("configure SMB server")?;
         let local = server.bind().await.with_context(|| format!("listen for SMB on {addr}"))?;
-        Ok(SmbService { server, engine, shares: opts.shares, local })
+        Ok(SmbService { server, engine, table, local })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local
     }
 
+    /// The names of the shares served now.
+    pub fn share_names(&self) -> Vec<String> {
+        self.table.list().into_iter().map(|(s, _)| s.name).collect()
+    }
+
     /// Serves until `shutdown` resolves.
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()> + Send) -> anyhow::Result<()> {
         let config = self.server.config_handle();
-        let mut users = UserSync { config, engine: self.engine.clone(), shares: self.shares.clone(), known: HashMap::new() };
-        users.sync().await?;
+        let mut sync = Reconcile { config, engine: self.engine.clone(), table: self.table.clone(), users: HashMap::new(), shares: HashMap::new() };
+        sync.run().await?;
         let stop = self.server.shutdown_handle();
         let local = self.local;
-        info!(%local, shares = self.shares.len(), "SMB service listening");
+        info!(%local, shares = sync.shares.len(), "SMB service listening");
         let serving = self.server.serve();
         tokio::pin!(serving);
         tokio::pin!(shutdown);
-        let mut tick = tokio::time::interval(USER_SYNC_INTERVAL);
+        let mut tick = tokio::time::interval(SYNC_INTERVAL);
+        let table = self.table.clone();
         loop {
             tokio::select! {
                 r = &mut serving => return r.context("SMB server"),
                 _ = &mut shutdown => break,
-                _ = tick.tick() => {
-                    if let Err(e) = users.sync().await {
-                        warn!("SMB user table: {e:#}");
-                    }
-                }
+                _ = tick.tick() => {}
+                _ = table.changed() => {}
+            }
+            if let Err(e) = sync.run().await {
+                warn!("SMB users and shares: {e:#}");
             }
         }
         stop.shutdown();
@@ -158,21 +161,29 @@ impl SmbService {
     }
 }
 
-/// Keeps the server's user table equal to the engine's accounts that have an NT hash.
-struct UserSync {
+/// Keeps the server's users equal to the engine's accounts that have an NT hash, and its
+/// shares equal to the share table.
+struct Reconcile {
     config: ConfigHandle,
     engine: Arc<Engine>,
-    shares: Vec<ShareConfig>,
-    known: HashMap<String, [u8; 16]>,
+    table: ShareTable,
+    users: HashMap<String, [u8; 16]>,
+    /// Shares served, by lower-case name.
+    shares: HashMap<String, ShareConfig>,
 }
 
-impl UserSync {
-    async fn sync(&mut self) -> anyhow::Result<()> {
+impl Reconcile {
+    async fn run(&mut self) -> anyhow::Result<()> {
+        self.sync_users().await?;
+        self.sync_shares().await
+    }
+
+    async fn sync_users(&mut self) -> anyhow::Result<()> {
         let engine = self.engine.clone();
         let now: HashMap<String, [u8; 16]> =
             tokio::task::spawn_blocking(move || engine.nt_hashes()).await?.context("read NT hashes")?.into_iter().collect();
         for (name, hash) in &now {
-            if self.known.get(name) == Some(hash) {
+            if self.users.get(name) == Some(hash) {
                 continue;
             }
             if let Err(e) = self.config.add_user_nt_hash(name.clone(), *hash).await {
@@ -180,20 +191,67 @@ impl UserSync {
                 warn!(user = %name, "not an SMB user: {e}");
                 continue;
             }
-            // Shares admit every account; what it may do there is the engine's decision.
-            for s in self.shares.iter().filter(|s| !s.guest) {
-                let access = if s.read_only { Access::Read } else { Access::ReadWrite };
-                self.config.grant_share_user(&s.name, name, access).await.with_context(|| format!("grant {name} on {}", s.name))?;
+            for s in self.shares.values() {
+                grant(&self.config, s, name).await?;
             }
-            self.known.insert(name.clone(), *hash);
+            self.users.insert(name.clone(), *hash);
         }
-        let gone: Vec<String> = self.known.keys().filter(|n| !now.contains_key(*n)).cloned().collect();
+        let gone: Vec<String> = self.users.keys().filter(|n| !now.contains_key(*n)).cloned().collect();
         for name in gone {
             let _ = self.config.remove_user(&name).await;
-            self.known.remove(&name);
+            self.users.remove(&name);
         }
         Ok(())
     }
+
+    async fn sync_shares(&mut self) -> anyhow::Result<()> {
+        let table = self.table.clone();
+        let want: HashMap<String, ShareConfig> = tokio::task::spawn_blocking(move || table.list())
+            .await?
+            .into_iter()
+            .map(|(s, _)| (s.name.to_ascii_lowercase(), s))
+            .collect();
+        let stale: Vec<String> = self.shares.iter().filter(|(k, s)| want.get(*k) != Some(*s)).map(|(k, _)| k.clone()).collect();
+        for k in stale {
+            let old = self.shares.remove(&k).expect("listed above");
+            // Closes the share's tree connections and open files.
+            self.config.remove_share(&old.name).await.with_context(|| format!("remove share {}", old.name))?;
+            info!(share = %old.name, "SMB share removed");
+        }
+        for (k, s) in want {
+            if self.shares.contains_key(&k) {
+                continue;
+            }
+            self.config.add_share(self.share(&s)).await.with_context(|| format!("add share {}", s.name))?;
+            for user in self.users.keys() {
+                grant(&self.config, &s, user).await?;
+            }
+            info!(share = %s.name, path = %s.path, "SMB share added");
+            self.shares.insert(k, s);
+        }
+        Ok(())
+    }
+
+    fn share(&self, s: &ShareConfig) -> Share {
+        let backend = EngineShare::new(self.engine.clone(), &s.path, s.read_only, s.guest);
+        let mut share = Share::new(s.name.clone(), backend).leases(s.leases).durable_handles(s.leases);
+        if s.guest {
+            share = if s.read_only { share.public_read_only() } else { share.public() };
+        }
+        if s.encrypt {
+            share = share.encrypt_data();
+        }
+        share
+    }
+}
+
+/// Shares admit every account; what it may do there is the engine's decision.
+async fn grant(config: &ConfigHandle, s: &ShareConfig, user: &str) -> anyhow::Result<()> {
+    if s.guest {
+        return Ok(());
+    }
+    let access = if s.read_only { Access::Read } else { Access::ReadWrite };
+    config.grant_share_user(&s.name, user, access).await.with_context(|| format!("grant {user} on {}", s.name))
 }
 
 #[cfg(test)]
