@@ -11,7 +11,8 @@
 #
 # Environment: AQUIFER_BIN (default /var/cache/aquifer-target/debug/aquifer), BENCH_SIZE_MIB
 # (1024), BENCH_FILES (2000, libnfs create loop), BENCH_CP_FILES (300, nfs-cp-per-file loop),
-# BENCH_REPS (3; medians are reported), BENCH_CIPHER (aes256-gcm@openssh.com).
+# BENCH_REPS (3; medians are reported), BENCH_CIPHER (aes256-gcm@openssh.com), BENCH_DRIVE_SIZE
+# (2GiB, each of Aquifer's six file drives).
 # Needs (apt): libnfs-utils libnfs-dev gcc nfs-ganesha nfs-ganesha-vfs rpcbind openssh-server
 # openssh-client sshpass. Runs as root (drops the page cache before every timed operation when
 # /proc/sys/vm/drop_caches is writable). All data lives under a temporary directory in /var/tmp,
@@ -209,7 +210,7 @@ ssh_opts=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLeve
 # --- Aquifer ----------------------------------------------------------------------------
 log "starting Aquifer"
 AQUIFER_ADMIN_PASSWORD=$admin_pw AQUIFER_LOG=${AQUIFER_LOG:-warn} "$bin" serve --data-dir "$work/aquifer" \
-    --rest 127.0.0.1:0 --s3 127.0.0.1:0 --nfs 127.0.0.1:0 --sftp 127.0.0.1:0 --drive-size 2GiB \
+    --rest 127.0.0.1:0 --s3 127.0.0.1:0 --nfs 127.0.0.1:0 --sftp 127.0.0.1:0 --drive-size "${BENCH_DRIVE_SIZE:-2GiB}" \
     >"$work/aquifer.out" 2>"$work/aquifer.err" &
 aq_pid=$!
 pids+=("$aq_pid")

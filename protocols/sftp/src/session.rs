@@ -123,7 +123,7 @@ impl russh::server::Handler for SshSession {
                     }
                 };
                 session.channel_success(channel_id)?;
-                let sftp = SftpSession { engine: self.engine.clone(), caller, root, handles: HashMap::new(), next_handle: 0 };
+                let sftp = SftpSession { engine: self.engine.clone(), caller, root, handles: HashMap::new(), next_handle: 0, ahead: HashMap::new() };
                 russh_sftp::server::run(channel.into_stream(), sftp).await;
             }
             _ => session.channel_failure(channel_id)?,
@@ -144,6 +144,26 @@ struct SftpSession {
     root: Ino,
     handles: HashMap<String, Open>,
     next_handle: u64,
+    /// Readahead of open files read sequentially, by handle.
+    ahead: HashMap<String, SeqRead>,
+}
+
+/// Bytes read ahead in one engine call for a handle read sequentially.
+const READAHEAD_BYTES: usize = 2 << 20;
+
+/// A window of a file: its start, the bytes, and the file's (size, mtime, ctime) when read.
+type Window = (u64, Vec<u8>, (u64, i64, i64));
+
+/// russh-sftp answers a session's requests one at a time, so a client's pipelined READs of
+/// 32-256 KiB would each wait for an engine read. A handle read sequentially instead gets the
+/// next window read in the background while the current one serves the READs. A window is
+/// checked against the file's size, mtime and ctime when it is taken into use, and dropped
+/// by any write through the session.
+struct SeqRead {
+    /// Where the next sequential READ starts.
+    next: u64,
+    current: Option<Window>,
+    pending: Option<(u64, tokio::task::JoinHandle<Result<Window, Error>>)>,
 }
 
 fn code(e: &Error) -> StatusCode {
@@ -298,6 +318,62 @@ impl SftpSession {
         Ok(h)
     }
 
+    /// Serves `[offset, offset + len)` from the handle's readahead window, and starts reading
+    /// the next window when the handle is read sequentially. `None`: read directly.
+    async fn read_ahead(&mut self, handle: &str, ino: Ino, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let st = self.ahead.get_mut(handle)?;
+        if st.next != offset {
+            st.current = None;
+            if let Some((_, p)) = st.pending.take() {
+                p.abort();
+            }
+            return None;
+        }
+        let covers = |w: &Window| w.0 <= offset && offset + len as u64 <= w.0 + w.1.len() as u64;
+        if !st.current.as_ref().is_some_and(covers) {
+            st.current = None;
+            // The window read in the background, if it is the one this READ needs.
+            if let Some((start, p)) = st.pending.take() {
+                if start == offset {
+                    if let Ok(Ok(w)) = p.await {
+                        st.current = Some(w);
+                    }
+                } else {
+                    p.abort();
+                }
+            }
+            let fresh = match &st.current {
+                Some(w) => {
+                    let (engine, caller, stamp) = (self.engine.clone(), self.caller.clone(), w.2);
+                    let now = tokio::task::spawn_blocking(move || engine.getattr(&caller, ino)).await.ok().and_then(Result::ok);
+                    now.is_some_and(|a| (a.size, a.mtime_ns, a.ctime_ns) == stamp)
+                }
+                None => false,
+            };
+            let st = self.ahead.get_mut(handle)?;
+            if !fresh {
+                st.current = None;
+            }
+            if st.pending.is_none() {
+                // After the window in use, or after this READ (read directly) when there is none.
+                let next = st.current.as_ref().map_or(offset + len as u64, |w| w.0 + w.1.len() as u64);
+                let (engine, caller) = (self.engine.clone(), self.caller.clone());
+                st.pending = Some((
+                    next,
+                    tokio::task::spawn_blocking(move || {
+                        let a = engine.getattr(&caller, ino)?;
+                        let data = engine.read(&caller, ino, next, READAHEAD_BYTES)?;
+                        Ok((next, data, (a.size, a.mtime_ns, a.ctime_ns)))
+                    }),
+                ));
+            }
+        }
+        let st = self.ahead.get_mut(handle)?;
+        let w = st.current.as_ref().filter(|w| covers(w))?;
+        let a = (offset - w.0) as usize;
+        Some(w.1[a..a + len].to_vec())
+    }
+
     fn file_ino(&self, handle: &str) -> Result<(Ino, bool), StatusCode> {
         match self.handles.get(handle) {
             Some(Open::File { ino, append }) => Ok((*ino, *append)),
@@ -366,6 +442,7 @@ impl russh_sftp::server::Handler for SftpSession {
     }
 
     async fn close(&mut self, id: u32, handle: String) -> Result<Status, Self::Error> {
+        self.ahead.remove(&handle);
         match self.handles.remove(&handle) {
             Some(Open::File { ino, .. }) => {
                 self.run(move |e, c, _| e.close(c, ino)).await?;
@@ -379,15 +456,21 @@ impl russh_sftp::server::Handler for SftpSession {
     async fn read(&mut self, id: u32, handle: String, offset: u64, len: u32) -> Result<Data, Self::Error> {
         let (ino, _) = self.file_ino(&handle)?;
         let len = len.min(READ_BYTES_MAX) as usize;
-        let data = self.run(move |e, c, _| e.read(c, ino, offset, len)).await?;
+        let data = match self.read_ahead(&handle, ino, offset, len).await {
+            Some(d) => d,
+            None => self.run(move |e, c, _| e.read(c, ino, offset, len)).await?,
+        };
         if data.is_empty() && len > 0 {
             return Err(StatusCode::Eof);
         }
+        let st = self.ahead.entry(handle).or_insert(SeqRead { next: u64::MAX, current: None, pending: None });
+        st.next = offset + data.len() as u64;
         Ok(Data { id, data })
     }
 
     async fn write(&mut self, id: u32, handle: String, offset: u64, data: Vec<u8>) -> Result<Status, Self::Error> {
         let (ino, append) = self.file_ino(&handle)?;
+        self.ahead.clear();
         self.run(move |e, c, _| {
             let off = if append { e.getattr(c, ino)?.size } else { offset };
             e.write(c, ino, off, &data, Stability::Unstable).map(|_| ())
