@@ -657,7 +657,9 @@ impl SpokePortal {
     pub fn fill(&self, ino: Ino, offset: u64, len: u64, stale_ok: bool) -> Result<()> {
         let slot = self.fill_slot(ino);
         let (m, cv) = &*slot;
-        for _ in 0..ATTEMPTS_MAX {
+        // Rounds that made progress do not count; only retries after the file changed do.
+        let mut retries = 0;
+        while retries < ATTEMPTS_MAX {
             let mut st = m.lock();
             let (stub, wanted, span) = loop {
                 let mut stub = self.engine.remote_stub(ino)?.ok_or(Error::Stale)?;
@@ -684,7 +686,8 @@ impl SpokePortal {
                             self.evict_if_needed(ino);
                             return Ok(());
                         }
-                        Err(Error::Stale) => {
+                        Err(Error::Stale) if retries < ATTEMPTS_MAX => {
+                            retries += 1;
                             self.revalidate(ino, &stub)?;
                             continue;
                         }
@@ -693,7 +696,8 @@ impl SpokePortal {
                 }
                 let manifest = match self.manifest(ino, &stub) {
                     Ok(m) => m,
-                    Err(Error::Stale) => {
+                    Err(Error::Stale) if retries < ATTEMPTS_MAX => {
+                        retries += 1;
                         self.revalidate(ino, &stub)?;
                         continue;
                     }
@@ -734,6 +738,7 @@ impl SpokePortal {
                     continue;
                 }
                 Err(Error::Stale) => {
+                    retries += 1;
                     self.revalidate(ino, &stub)?;
                     continue;
                 }
@@ -917,9 +922,16 @@ impl SpokePortal {
         for r in reqs {
             let me = self.clone();
             spawn(Box::new(move || {
-                if me.fill(r.file, r.offset, r.len, false).is_ok() {
-                    me.stats.prefetched_bytes.fetch_add(r.len, Ordering::Relaxed);
-                    me.prefetcher.lock().on_prefetch_done(r.file, r.offset, r.len, (me.clock.now_ns() / 1_000_000) as u64);
+                match me.fill(r.file, r.offset, r.len, false) {
+                    Ok(()) => {
+                        me.stats.prefetched_bytes.fetch_add(r.len, Ordering::Relaxed);
+                        me.prefetcher.lock().on_prefetch_done(r.file, r.offset, r.len, (me.clock.now_ns() / 1_000_000) as u64);
+                    }
+                    // The range is not on its way any more: let the prefetcher ask again.
+                    Err(e) => {
+                        tracing::debug!(ino = r.file, error = %e, "prefetch failed");
+                        me.prefetcher.lock().forget_file(r.file);
+                    }
                 }
             }));
         }
