@@ -1191,7 +1191,14 @@ async fn build_response_bytes(
             }
         }
     }
-    if should_sign {
+    // Aquifer patch: a signed request on a session that is gone (after
+    // LOGOFF) is answered STATUS_USER_SESSION_DELETED with the SIGNED flag
+    // and a zero signature, as Windows and Samba answer: there is no key to
+    // sign with, and clients that signed the request (Samba's among them)
+    // refuse an answer without the flag as STATUS_ACCESS_DENIED before
+    // looking at its status.
+    let session_gone = request_was_signed && handler_resp.status == ntstatus::STATUS_USER_SESSION_DELETED;
+    if should_sign || session_gone {
         hdr.flags |= SMB2_FLAGS_SIGNED;
     } else {
         hdr.flags &= !SMB2_FLAGS_SIGNED;

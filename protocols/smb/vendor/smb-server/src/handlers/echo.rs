@@ -8,7 +8,6 @@ use crate::proto::messages::EchoResponse;
 use crate::conn::state::Connection;
 use crate::dispatch::HandlerResponse;
 use crate::handlers::shared::lookup_session;
-use crate::ntstatus;
 use crate::server::ServerState;
 
 pub async fn handle(
@@ -17,14 +16,10 @@ pub async fn handle(
     hdr: &Smb2Header,
     _body: &[u8],
 ) -> HandlerResponse {
-    // ECHO on a connection with no session, established or in progress,
-    // closes the connection.
-    let no_sessions =
-        conn.sessions.read().await.is_empty() && conn.pending_auths.read().await.is_empty();
-    if no_sessions {
-        conn.request_disconnect();
-        return HandlerResponse::err(ntstatus::STATUS_INVALID_PARAMETER);
-    }
+    // Aquifer patch: ECHO is answered on a connection without a session too
+    // (upstream closed it), as Windows and Samba answer a keepalive after the
+    // last LOGOFF. A connection that never logs on is still closed by the
+    // handshake timeout, which ECHO does not extend.
     if (hdr.flags & SMB2_FLAGS_SIGNED != 0 || hdr.session_id != 0)
         && let Err(status) = lookup_session(conn, hdr.session_id).await
     {
