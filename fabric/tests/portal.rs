@@ -256,7 +256,10 @@ async fn read_write_portal_forwards_writes_to_the_hub() {
     let hub = node("us").await;
     let spoke = node("us").await;
     put(&hub.engine, "/proj/readme", b"hub file".to_vec()).await.unwrap();
-    let id = portal(&hub, &spoke, hub.fabric.local_addr().unwrap(), "/proj", "/proj", "rw").await;
+    let wan = WanEmulator::start(WanConfig { delay: Duration::from_millis(5), ..WanConfig::new("127.0.0.1:0".parse().unwrap(), hub.fabric.local_addr().unwrap()) })
+        .await
+        .unwrap();
+    let id = portal(&hub, &spoke, wan.local_addr(), "/proj", "/proj", "rw").await;
     let ckpt = random(3 << 20, 9);
     put(&spoke.engine, "/proj/ckpt/step1.bin", ckpt.clone()).await.unwrap();
     // Acknowledged = on the hub.
@@ -288,6 +291,24 @@ async fn read_write_portal_forwards_writes_to_the_hub() {
     assert_eq!(list(&hub.engine, "/proj/ckpt").await.unwrap(), vec!["old.bin"]);
     assert_eq!(get(&hub.engine, "/proj/ckpt/old.bin").await.unwrap(), ckpt);
     assert_eq!(get(&spoke.engine, "/proj/readme").await.unwrap(), b"hub file");
+
+    // Link cut: a write is refused (never acknowledged without the hub), nothing half-made on
+    // either side; what was acknowledged before is on the hub; after restore writes work again.
+    wan.cut().await;
+    let r = put(&spoke.engine, "/proj/ckpt/during-cut.bin", random(100_000, 3)).await;
+    assert!(matches!(r, Err(Error::Unavailable(_))), "{r:?}");
+    assert!(hub.engine.resolve(&admin(), "/proj/ckpt/during-cut.bin").is_err());
+    assert!(spoke.engine.resolve(&admin(), "/proj/ckpt/during-cut.bin").is_err());
+    wan.restore().await;
+    wait_for("reconnection", || spoke.fabric.record(&id).is_some_and(|r| r.state == PortalState::Active)).await;
+    let after = random(200_000, 4);
+    let t = Instant::now();
+    while put(&spoke.engine, "/proj/ckpt/after-cut.bin", after.clone()).await.is_err() {
+        assert!(t.elapsed() < Duration::from_secs(10), "writes did not resume after the link came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(get(&hub.engine, "/proj/ckpt/after-cut.bin").await.unwrap(), after);
+    assert_eq!(get(&hub.engine, "/proj/ckpt/old.bin").await.unwrap(), ckpt);
     hub.fabric.shutdown();
     spoke.fabric.shutdown();
 }
