@@ -187,15 +187,21 @@ fn write_secret(path: &Path, content: &str) -> Result<()> {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    // Stripe and write buffers are MiB-sized and short-lived. glibc raises its mmap threshold
-    // after the first such buffer is freed and from then on carves them from the heap, where
-    // freed space is kept (measured: ~300 MiB RSS after a 1 GiB PUT). A fixed threshold keeps
-    // them mmapped and returned at free; two arenas stop per-thread heaps from multiplying it.
+    // Stripe, shard and RPC buffers are MiB-sized and short-lived. Left alone, glibc raises its
+    // mmap threshold after the first such buffer is freed and keeps freed heap space (measured:
+    // ~300 MiB RSS after a 1 GiB PUT). A threshold of 256 KiB bounded that but mapped and
+    // unmapped every buffer, and the page faults made bulk NFS reads and writes 2-3x slower
+    // (docs/benchmarks.md). 2 MiB keeps 1 MiB shard and RPC buffers on the heap (a 64 MiB trim
+    // threshold returns the rest), two arenas stop per-thread heaps from multiplying it.
     // SAFETY: mallopt only changes allocator tuning; called before any other thread exists.
-    // glibc's own MALLOC_MMAP_THRESHOLD_ / MALLOC_ARENA_MAX_ variables, when set, win.
+    // glibc's own MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ / MALLOC_ARENA_MAX variables,
+    // when set, win.
     unsafe {
         if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 2 << 20);
+        }
+        if std::env::var_os("MALLOC_TRIM_THRESHOLD_").is_none() {
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
         }
         if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
             libc::mallopt(libc::M_ARENA_MAX, 2);
