@@ -555,6 +555,46 @@ pub mod fuzzing {
         crate::discovery::wsd::fuzz_http(data);
     }
 
+    /// Aquifer patch: reads `data` as a client's byte stream (transport
+    /// frames, as on the wire) and dispatches each frame in turn on one
+    /// fresh connection to `server`, as the connection's reader would: a
+    /// frame over the connection's size limit, a malformed length or a
+    /// disconnect asked by a handler ends the stream. Returns the number
+    /// of frames dispatched; every response is a whole SMB2 message.
+    pub async fn dispatch_stream(server: &crate::SmbServer, mut data: &[u8]) -> usize {
+        let state = server.state();
+        let conn = Arc::new(Connection::new(
+            state.config.server_guid,
+            state.config.max_read_size,
+            state.config.max_write_size,
+        ));
+        let mut frames = 0;
+        while let Some(prefix) = data.first_chunk::<{ framing::FRAME_HEADER_LEN }>() {
+            let Ok(len) = framing::decode_frame_header(prefix) else { break };
+            let limit = crate::conn::limits::max_request_frame(
+                *conn.dialect.read().await,
+                *conn.max_read_size.read().await,
+                *conn.max_write_size.read().await,
+            );
+            let rest = &data[framing::FRAME_HEADER_LEN..];
+            let len = len as usize;
+            if len > limit || rest.len() < len {
+                break;
+            }
+            let out = crate::dispatch::dispatch_frame(&state, &conn, &rest[..len]).await;
+            frames += 1;
+            if let Some(out) = out {
+                assert!(out.bytes.len() >= 4, "a response frame has a header");
+            }
+            if conn.disconnect_requested() {
+                break;
+            }
+            data = &rest[len..];
+        }
+        conn.close_all(None).await;
+        frames
+    }
+
     /// Dispatches one frame payload on a fresh connection to `server`.
     pub async fn dispatch(server: &crate::SmbServer, frame: &[u8]) -> Option<Vec<u8>> {
         let state = server.state();
