@@ -176,3 +176,27 @@ fn residency_label_refuses_a_portal_to_another_region() {
     let label = ok_json(aquifer(&hub.rest, &["residency", "get", "/patients", "--json"]), "get");
     assert_eq!(label["label"], "eu");
 }
+
+#[test]
+fn read_write_portal_takes_nfs_writes_to_the_hub() {
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let hub = Daemon::start(&dirs.0.path().join("hub"), &["--drive-size", "64MiB"]);
+    let spoke = Daemon::start(&dirs.1.path().join("spoke"), &["--drive-size", "64MiB"]);
+    put(&hub, "/shared/readme.txt", b"from the hub");
+    let created = ok_json(aquifer(&spoke.rest, &["portal", "create", "--hub", &hub.fabric, "--hub-path", "/shared", "--spoke-path", "/shared", "--mode", "rw", "--json"]), "create");
+    let id = created["id"].as_str().unwrap().to_string();
+    ok_json(aquifer(&hub.rest, &["portal", "authorize", &id, "--json"]), "authorize");
+    wait_until("active", Duration::from_secs(30), || ok_json(aquifer(&spoke.rest, &["portal", "show", &id, "--json"]), "show")["state"] == "active");
+    assert_eq!(get(&spoke, "/shared/readme.txt").unwrap(), b"from the hub");
+
+    // The Linux-style NFS client path: CREATE, WRITEs, COMMIT (libnfs nfs-cp).
+    let local = dirs.1.path().join("weights.bin");
+    let data = bytes(11, 3 << 20);
+    std::fs::write(&local, &data).unwrap();
+    let port = spoke.nfs.rsplit(':').next().unwrap();
+    let url = format!("nfs://127.0.0.1//shared/weights.bin?nfsport={port}&mountport={port}&version=3");
+    let out = Command::new("nfs-cp").arg(&local).arg(&url).output().expect("nfs-cp (libnfs-utils)");
+    assert!(out.status.success(), "nfs-cp: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(get(&hub, "/shared/weights.bin").unwrap(), data, "the hub does not have what NFS wrote on the spoke");
+    assert_eq!(get(&spoke, "/shared/weights.bin").unwrap(), data);
+}

@@ -163,6 +163,8 @@ pub struct SpokePortal {
     spawner: Option<PrefetchSpawner>,
     /// Successor fetches started and not finished.
     successors_asked: Mutex<std::collections::HashSet<Ino>>,
+    /// Mirror files (read-write portals) with local writes not yet sent to the hub.
+    dirty: Mutex<std::collections::HashSet<Ino>>,
     pub stats: SpokeStats,
     closed: AtomicBool,
 }
@@ -233,6 +235,7 @@ impl SpokePortal {
             })),
             spawner,
             successors_asked: Mutex::new(std::collections::HashSet::new()),
+            dirty: Mutex::new(std::collections::HashSet::new()),
             stats: SpokeStats::default(),
             closed: AtomicBool::new(false),
         });
@@ -1071,6 +1074,13 @@ impl SpokePortal {
 
     pub fn before_mutation(&self, _ino: Ino, stub: &RemoteStub, m: &Mutation<'_>) -> Result<Verdict> {
         let id = stub.portal.clone();
+        if let Mutation::Flush { ino, .. } = m {
+            // Closing or committing a file with no local writes: nothing to send (also on
+            // read-only portals, where every close lands here).
+            if !self.dirty.lock().contains(ino) {
+                return Ok(Verdict::Done(None));
+            }
+        }
         if self.settings.read().mode != PortalMode::ReadWrite {
             return Err(Error::ReadOnly(format!("portal {id} is read-only")));
         }
@@ -1078,6 +1088,33 @@ impl SpokePortal {
             return Err(unavailable(&id, "no lease from the hub; writes are not accepted"));
         }
         let c = Self::caller();
+        // The hub carries these out as the portal; the spoke's own permission rules apply
+        // first, on the mirror's attributes (the hub's mode, owner and group).
+        let may = |caller: &Caller, ino: Ino, mask: u32| -> Result<()> {
+            if self.engine.access(caller, ino, mask)? == mask { Ok(()) } else { Err(Error::PermissionDenied) }
+        };
+        match m {
+            Mutation::Create { caller, parent, .. } | Mutation::Remove { caller, parent, .. } | Mutation::Publish { caller, parent, .. } => may(caller, *parent, 3)?,
+            Mutation::Rename { caller, from_parent, to_parent, .. } => {
+                may(caller, *from_parent, 3)?;
+                may(caller, *to_parent, 3)?;
+            }
+            Mutation::Write { caller, ino, .. } => may(caller, *ino, 2)?,
+            Mutation::SetAttr { caller, ino, set } => {
+                let a = self.engine.getattr(&c, *ino)?;
+                let owner = caller.uid == 0 || caller.uid == a.uid;
+                if set.size.is_some() {
+                    may(caller, *ino, 2)?;
+                }
+                if (set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || matches!(set.mtime, Some(storage_engine::TimeSet::At(_))) || matches!(set.atime, Some(storage_engine::TimeSet::At(_)))) && !owner {
+                    return Err(Error::PermissionDenied);
+                }
+                if set.uid.is_some_and(|u| u != a.uid) && caller.uid != 0 {
+                    return Err(Error::PermissionDenied);
+                }
+            }
+            _ => {}
+        }
         let path_of = |dir: Ino| -> Result<RelPath> {
             let s = self.engine.remote_stub(dir)?.ok_or_else(|| Error::NotSupported(format!("operation across the edge of portal {id}")))?;
             if s.portal != id {
@@ -1126,6 +1163,45 @@ impl SpokePortal {
                 Ok(Verdict::Done(None))
             }
             Mutation::Stage { .. } => Ok(Verdict::Local),
+            Mutation::Write { ino, offset, data, stability, .. } => {
+                self.write_local(*ino, *offset, data)?;
+                if *stability == Stability::Durable {
+                    self.push_dirty(*ino)?;
+                }
+                Ok(Verdict::Done(Some(self.engine.getattr(&c, *ino)?)))
+            }
+            Mutation::SetAttr { ino, set, .. } => {
+                let a = self.engine.getattr(&c, *ino)?;
+                if let (Some(size), FileKind::File) = (set.size, a.kind) {
+                    self.truncate_local(*ino, size)?;
+                }
+                // Mode, owner and times change on the mirror; the hub keeps its own (they are
+                // not part of what a push sends).
+                let a = self.engine.getattr(&c, *ino)?;
+                let now = self.clock.now_ns();
+                let at = |t: Option<storage_engine::TimeSet>, old: i64| match t {
+                    Some(storage_engine::TimeSet::Now) => now,
+                    Some(storage_engine::TimeSet::At(v)) => v,
+                    None => old,
+                };
+                let attr = RemoteAttr {
+                    mode: set.mode.unwrap_or(a.mode),
+                    uid: set.uid.unwrap_or(a.uid),
+                    gid: set.gid.unwrap_or(a.gid),
+                    size: a.size,
+                    atime_ns: at(set.atime, a.atime_ns),
+                    mtime_ns: at(set.mtime, a.mtime_ns),
+                    ctime_ns: now,
+                    btime_ns: a.btime_ns,
+                };
+                Ok(Verdict::Done(Some(self.engine.remote_set_attr(&c, *ino, &attr)?)))
+            }
+            Mutation::Flush { ino, .. } => {
+                // Close and commit both send the file: a client is told its writes are safe
+                // only once the hub has them.
+                self.push_dirty(*ino)?;
+                Ok(Verdict::Done(None))
+            }
             Mutation::Publish { staged, parent, name, .. } => {
                 let size = self.engine.getattr(&c, *staged)?.size;
                 let mut data = Vec::with_capacity(size as usize);
@@ -1144,9 +1220,127 @@ impl SpokePortal {
                 Ok(Verdict::Done(Some(a)))
             }
             Mutation::Create { .. } | Mutation::Other { .. } => Err(Error::NotSupported(format!(
-                "portal {id}: only whole-file writes (S3, REST), new files, directories, removal and rename are forwarded to the hub"
+                "portal {id}: files, directories, writes, removal and rename are forwarded to the hub; links, special files, xattrs and setattr are not"
             ))),
         }
+    }
+
+    /// An in-place write into a mirror file of a read-write portal: the file is made wholly
+    /// present, the bytes go into its cache file, its size and times change locally, and the
+    /// file is marked dirty until `push_dirty` sends it to the hub.
+    fn write_local(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<()> {
+        let c = Self::caller();
+        let size = self.engine.getattr(&c, ino)?.size;
+        if size > 0 && !self.dirty.lock().contains(&ino) {
+            self.fill(ino, 0, size, false)?;
+        }
+        let slot = self.fill_slot(ino);
+        let (m, cv) = &*slot;
+        let mut st = m.lock();
+        while !st.inflight.is_empty() {
+            cv.wait(&mut st);
+        }
+        let mut stub = self.engine.remote_stub(ino)?.ok_or(Error::Stale)?;
+        if !stub.has(0, size) {
+            return Err(unavailable(&stub.portal, "the file's bytes were evicted during the write; retry"));
+        }
+        if stub.cache_ino == 0 {
+            stub.cache_ino = self.engine.remote_new_cache_file(&c)?;
+        }
+        self.engine.write(&c, stub.cache_ino, offset, data, Stability::Unstable)?;
+        let end = offset + data.len() as u64;
+        let new_size = size.max(end);
+        stub.add_present(0, new_size);
+        self.engine.remote_stub_put(&c, ino, &stub)?;
+        let a = self.engine.getattr(&c, ino)?;
+        let now = self.clock.now_ns();
+        let attr = RemoteAttr { mode: a.mode, uid: a.uid, gid: a.gid, size: new_size, atime_ns: a.atime_ns, mtime_ns: now, ctime_ns: now, btime_ns: a.btime_ns };
+        self.engine.remote_set_attr(&c, ino, &attr)?;
+        self.dirty.lock().insert(ino);
+        drop(st);
+        self.touch(ino, new_size);
+        Ok(())
+    }
+
+    /// Truncates or extends a mirror file locally (sent to the hub with its next push).
+    fn truncate_local(&self, ino: Ino, size: u64) -> Result<()> {
+        let c = Self::caller();
+        let old = self.engine.getattr(&c, ino)?.size;
+        if old > 0 && !self.dirty.lock().contains(&ino) {
+            self.fill(ino, 0, old.min(size), false)?;
+        }
+        let slot = self.fill_slot(ino);
+        let (m, cv) = &*slot;
+        let mut st = m.lock();
+        while !st.inflight.is_empty() {
+            cv.wait(&mut st);
+        }
+        let mut stub = self.engine.remote_stub(ino)?.ok_or(Error::Stale)?;
+        if stub.cache_ino == 0 {
+            stub.cache_ino = self.engine.remote_new_cache_file(&c)?;
+        }
+        self.engine.setattr(&c, stub.cache_ino, storage_engine::SetAttr { size: Some(size), ..Default::default() })?;
+        stub.present.retain(|(s, _)| *s < size);
+        for r in stub.present.iter_mut() {
+            r.1 = r.1.min(size);
+        }
+        stub.add_present(0, size);
+        self.engine.remote_stub_put(&c, ino, &stub)?;
+        let a = self.engine.getattr(&c, ino)?;
+        let now = self.clock.now_ns();
+        let attr = RemoteAttr { mode: a.mode, uid: a.uid, gid: a.gid, size, atime_ns: a.atime_ns, mtime_ns: now, ctime_ns: now, btime_ns: a.btime_ns };
+        self.engine.remote_set_attr(&c, ino, &attr)?;
+        self.dirty.lock().insert(ino);
+        Ok(())
+    }
+
+    /// Sends a dirty mirror file to the hub (whole, only the chunks the hub lacks) and points
+    /// the mirror at the version the hub made of it.
+    pub fn push_dirty(&self, ino: Ino) -> Result<()> {
+        let c = Self::caller();
+        let slot = self.fill_slot(ino);
+        let (m, cv) = &*slot;
+        let mut st = m.lock();
+        while !st.inflight.is_empty() {
+            cv.wait(&mut st);
+        }
+        if !self.dirty.lock().contains(&ino) {
+            return Ok(());
+        }
+        let mut stub = self.engine.remote_stub(ino)?.ok_or(Error::Stale)?;
+        let a = self.engine.getattr(&c, ino)?;
+        let mut data = Vec::with_capacity(a.size as usize);
+        while (data.len() as u64) < a.size {
+            let piece = self.engine.read(&c, stub.cache_ino, data.len() as u64, (4 << 20).min((a.size - data.len() as u64) as usize))?;
+            if piece.is_empty() {
+                break;
+            }
+            data.extend_from_slice(&piece);
+        }
+        data.resize(a.size as usize, 0);
+        let mut comps = split_path(&stub.path);
+        let name = comps.pop().ok_or_else(|| Error::InvalidArgument("the portal root is not a file".into()))?;
+        let e = self.put_hub(comps, &name, &data, a.mode)?;
+        stub.hub_ino = e.hub_ino;
+        stub.hub_version = e.version;
+        stub.present = vec![(0, a.size)];
+        stub.present.retain(|(s, e)| s < e);
+        self.engine.close(&c, stub.cache_ino)?;
+        self.engine.remote_stub_put(&c, ino, &stub)?;
+        self.engine.remote_set_attr(&c, ino, &remote_attr(&e))?;
+        let refs = chunks::chunk(&data, 0);
+        {
+            let mut index = self.index.lock();
+            index.drop_cache(stub.cache_ino);
+            for ch in &refs {
+                index.add(stub.cache_ino, ch);
+            }
+        }
+        self.remember_manifest(e.hub_ino, e.version, Arc::new(refs));
+        let generation = self.generation();
+        self.mark_verified(e.hub_ino, e.version, generation);
+        self.dirty.lock().remove(&ino);
+        Ok(())
     }
 
     /// Sends a whole file to the hub: chunk names first, then the chunks it lacks.

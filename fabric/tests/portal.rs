@@ -282,9 +282,16 @@ async fn read_write_portal_forwards_writes_to_the_hub() {
         let d = e.resolve(&c, "/proj/ckpt").unwrap();
         e.rename(&c, d.ino, b"step1.bin", d.ino, b"old.bin").unwrap();
         e.unlink(&c, d.ino, b"step2.bin").unwrap();
-        // In-place writes are not forwarded: a clear refusal, nothing changed.
+        // Links and xattrs are not forwarded: a clear refusal, nothing changed.
         let f = e.lookup(&c, d.ino, b"old.bin").unwrap();
-        assert!(matches!(e.write(&c, f.ino, 0, b"zz", Stability::Unstable), Err(Error::NotSupported(_))));
+        assert!(matches!(e.link(&c, f.ino, d.ino, b"hard"), Err(Error::NotSupported(_))));
+        assert!(matches!(e.setxattr(&c, f.ino, b"user.x", b"1"), Err(Error::NotSupported(_))));
+        // The spoke's permission rules apply before anything goes to the hub.
+        let user = Caller { user: "u".into(), uid: 1000, gid: 1000, groups: vec![], role: storage_engine::Role::User };
+        assert!(matches!(e.write(&user, f.ino, 0, b"x", Stability::Unstable), Err(Error::PermissionDenied)));
+        assert!(matches!(e.unlink(&user, d.ino, b"old.bin"), Err(Error::PermissionDenied)));
+        assert!(matches!(e.mkdir(&user, d.ino, b"mine", 0o755), Err(Error::PermissionDenied)));
+        assert!(matches!(e.setattr(&user, f.ino, storage_engine::SetAttr { mode: Some(0o777), ..Default::default() }), Err(Error::PermissionDenied)));
     })
     .await
     .unwrap();
@@ -309,6 +316,44 @@ async fn read_write_portal_forwards_writes_to_the_hub() {
     }
     assert_eq!(get(&hub.engine, "/proj/ckpt/after-cut.bin").await.unwrap(), after);
     assert_eq!(get(&hub.engine, "/proj/ckpt/old.bin").await.unwrap(), ckpt);
+
+    // In-place writes (as NFS, SMB and SFTP make them): local until commit or close, then on
+    // the hub; the spoke's file keeps its inode.
+    let mut patched = after.clone();
+    patched[1000..1005].copy_from_slice(b"PATCH");
+    patched.extend_from_slice(b"tail");
+    let e = spoke.engine.clone();
+    let ino = tokio::task::spawn_blocking(move || {
+        let c = admin();
+        let f = e.resolve(&c, "/proj/ckpt/after-cut.bin").unwrap();
+        e.write(&c, f.ino, 1000, b"PATCH", Stability::Unstable).unwrap();
+        e.write(&c, f.ino, 200_000, b"tail", Stability::Unstable).unwrap();
+        f.ino
+    })
+    .await
+    .unwrap();
+    assert_eq!(get(&hub.engine, "/proj/ckpt/after-cut.bin").await.unwrap(), after, "uncommitted writes reached the hub");
+    assert_eq!(get(&spoke.engine, "/proj/ckpt/after-cut.bin").await.unwrap(), patched);
+    let e = spoke.engine.clone();
+    tokio::task::spawn_blocking(move || e.commit(&admin(), ino).unwrap()).await.unwrap();
+    assert_eq!(get(&hub.engine, "/proj/ckpt/after-cut.bin").await.unwrap(), patched);
+    assert_eq!(spoke.engine.resolve(&admin(), "/proj/ckpt/after-cut.bin").unwrap().ino, ino);
+    // A new file written piece by piece and closed.
+    let body = random(300_000, 5);
+    let (e, b) = (spoke.engine.clone(), body.clone());
+    tokio::task::spawn_blocking(move || {
+        let c = admin();
+        let d = e.resolve(&c, "/proj/ckpt").unwrap();
+        let f = e.create(&c, d.ino, b"pieces.bin", 0o644, true).unwrap();
+        for (i, p) in b.chunks(100_000).enumerate() {
+            e.write(&c, f.ino, (i * 100_000) as u64, p, Stability::Unstable).unwrap();
+        }
+        e.close(&c, f.ino).unwrap();
+    })
+    .await
+    .unwrap();
+    assert_eq!(get(&hub.engine, "/proj/ckpt/pieces.bin").await.unwrap(), body);
+    assert_eq!(get(&spoke.engine, "/proj/ckpt/pieces.bin").await.unwrap(), body);
     hub.fabric.shutdown();
     spoke.fabric.shutdown();
 }

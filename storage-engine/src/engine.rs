@@ -1645,7 +1645,9 @@ impl Engine {
     }
 
     pub fn setattr(&self, caller: &Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
-        self.remote_refuse(caller, ino, "setattr")?;
+        if let Some(done) = self.remote_mutation(&[ino], Mutation::SetAttr { caller, ino, set: &set })? {
+            return done.ok_or_else(|| Error::Io("portal setattr returned no attributes".into()));
+        }
         if set.size.is_some() {
             // Truncation applies to flushed data; buffered bytes past the new end must not
             // reappear later.
@@ -1677,7 +1679,9 @@ impl Engine {
     /// Writes bytes at `offset`. Unstable writes collect in the file's write buffer; durable
     /// ones return after the data and metadata are synced.
     pub fn write(&self, caller: &Caller, ino: Ino, offset: u64, data: &[u8], stability: Stability) -> Result<Attr> {
-        self.remote_refuse(caller, ino, "write")?;
+        if let Some(done) = self.remote_mutation(&[ino], Mutation::Write { caller, ino, offset, data, stability })? {
+            return done.ok_or_else(|| Error::Io("portal write returned no attributes".into()));
+        }
         let rec = self.load(ino)?;
         match rec.kind {
             FileKind::File => {}
@@ -1718,7 +1722,10 @@ impl Engine {
     }
 
     /// Flushes the write buffer and makes the file's data and metadata durable (fsync).
-    pub fn commit(&self, _caller: &Caller, ino: Ino) -> Result<()> {
+    pub fn commit(&self, caller: &Caller, ino: Ino) -> Result<()> {
+        if self.remote_mutation(&[ino], Mutation::Flush { caller, ino, durable: true })?.is_some() {
+            return Ok(());
+        }
         self.flush_data_durable(ino)?;
         self.sync_metadata()
     }
@@ -1732,7 +1739,10 @@ impl Engine {
     }
 
     /// Flushes the write buffer without forcing durability (close).
-    pub fn close(&self, _caller: &Caller, ino: Ino) -> Result<()> {
+    pub fn close(&self, caller: &Caller, ino: Ino) -> Result<()> {
+        if self.remote_mutation(&[ino], Mutation::Flush { caller, ino, durable: false })?.is_some() {
+            return Ok(());
+        }
         self.flush(ino, false)
     }
 

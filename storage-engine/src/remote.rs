@@ -69,6 +69,13 @@ pub enum Mutation<'a> {
     Publish { caller: &'a Caller, staged: Ino, parent: Ino, name: &'a [u8] },
     /// `begin_put` in a mirror directory (staging stays local until publish).
     Stage { caller: &'a Caller, parent: Ino },
+    /// Bytes written into a mirror file (in place).
+    Write { caller: &'a Caller, ino: Ino, offset: u64, data: &'a [u8], stability: Stability },
+    /// Attributes set on a mirror inode.
+    SetAttr { caller: &'a Caller, ino: Ino, set: &'a SetAttr },
+    /// A mirror file's writes must reach the hub now (`durable`: commit/fsync) or may
+    /// (close).
+    Flush { caller: &'a Caller, ino: Ino, durable: bool },
     /// Anything else (writes in place, setattr, links, xattrs, special files).
     Other { caller: &'a Caller, ino: Ino, what: &'static str },
 }
@@ -307,6 +314,9 @@ impl Engine {
             | Mutation::Rename { caller, .. }
             | Mutation::Publish { caller, .. }
             | Mutation::Stage { caller, .. }
+            | Mutation::Write { caller, .. }
+            | Mutation::Flush { caller, .. }
+            | Mutation::SetAttr { caller, .. }
             | Mutation::Other { caller, .. } => *caller,
         };
         if caller.is_portal() || !self.has_stubs.load(Ordering::Relaxed) {
