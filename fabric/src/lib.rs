@@ -805,9 +805,17 @@ impl Fabric {
                 Ok(())
             }
             Side::Spoke => {
+                // Files written in place and not yet committed go to the hub first; if that
+                // fails the portal stays as it is.
+                let running = self.spokes.read().get(id).cloned();
+                if let Some(run) = running {
+                    let portal = run.portal.clone();
+                    tokio::task::spawn_blocking(move || portal.push_all_dirty())
+                        .await
+                        .map_err(|e| ApiFailure::new(500, e.to_string()))?
+                        .map_err(|e| ApiFailure::new(503, format!("portal {id} has writes the hub has not taken yet: {e}")))?;
+                }
                 self.update(id, |r| r.state = PortalState::Deleting);
-                // Writes through a read-write portal are acknowledged only once the hub has
-                // them, so nothing is outstanding here; tell the hub and clean up.
                 if let Ok(conn) = self.connect(&r.hub_addr, Some(&r.peer_fingerprint), None).await {
                     let _ = conn.call(Request::Withdraw { portal: id.into() }, Duration::from_secs(10)).await;
                     conn.close();

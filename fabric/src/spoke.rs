@@ -1294,6 +1294,15 @@ impl SpokePortal {
         Ok(())
     }
 
+    /// Sends every dirty file to the hub (portal deletion).
+    pub fn push_all_dirty(&self) -> Result<()> {
+        let dirty: Vec<Ino> = self.dirty.lock().iter().copied().collect();
+        for ino in dirty {
+            self.push_dirty(ino)?;
+        }
+        Ok(())
+    }
+
     /// Sends a dirty mirror file to the hub (whole, only the chunks the hub lacks) and points
     /// the mirror at the version the hub made of it.
     pub fn push_dirty(&self, ino: Ino) -> Result<()> {

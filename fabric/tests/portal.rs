@@ -182,6 +182,7 @@ async fn read_only_portal_life_cycle_coherence_and_cuts() {
     let hub_attr = hub.engine.resolve(&admin(), "/data/big.bin").unwrap();
     let spoke_attr = spoke.engine.resolve(&admin(), "/mnt/data/big.bin").unwrap();
     assert_eq!((spoke_attr.size, spoke_attr.mtime_ns, spoke_attr.mode), (hub_attr.size, hub_attr.mtime_ns, hub_attr.mode));
+    assert_eq!(spoke_attr.version, hub_attr.version, "both sides name the same version");
     let wire_first = wan.stats().bytes_down;
     // Read again: served from the spoke's cache, nothing new crosses the link.
     assert_eq!(get(&spoke.engine, "/mnt/data/big.bin").await.unwrap(), big);

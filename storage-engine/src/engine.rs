@@ -633,7 +633,14 @@ impl Engine {
     pub fn getattr(&self, caller: &Caller, ino: Ino) -> Result<Attr> {
         self.remote_ensure(caller, ino, crate::remote::Need::Attr)?;
         let rec = self.load(ino)?;
-        Ok(self.overlay_attr(ino, &rec))
+        let mut a = self.overlay_attr(ino, &rec);
+        if !caller.is_portal() {
+            if let Some(stub) = self.remote_stub(ino)? {
+                // A mirror inode shows the hub's version, so every site names the same version.
+                a.version = stub.hub_version;
+            }
+        }
+        Ok(a)
     }
 
     pub fn lookup(&self, caller: &Caller, parent: Ino, name: &[u8]) -> Result<Attr> {
@@ -653,8 +660,7 @@ impl Engine {
         self.remote_ensure(caller, parent, crate::remote::Need::Listing)?;
         let (ino, _) = self.load_dentry(parent, name)?.ok_or(Error::NotFound)?;
         self.remote_ensure(caller, ino, crate::remote::Need::Attr)?;
-        let rec = self.load(ino)?;
-        Ok(self.overlay_attr(ino, &rec))
+        self.getattr(caller, ino)
     }
 
     /// Resolves a `/`-separated path from the root, without following symlinks.
