@@ -73,13 +73,14 @@ head -c 4096 /dev/urandom > "$work/small"
 creates=$(paste -sd';' "$work/creates.cmd")
 
 declare -A res
-for server in aquifer samba samba-signed; do
-    case $server in
-        aquifer) port=$aq_port; user=admin ;;
-        samba) port=$sb_port; user=root ;;
-        samba-signed) port=$sbs_port; user=root ;;
-    esac
-    for r in $(seq "$reps"); do
+# Servers take turns within each repetition, so load from elsewhere on the machine falls on all.
+for r in $(seq "$reps"); do
+    for server in aquifer samba samba-signed; do
+        case $server in
+            aquifer) port=$aq_port; user=admin ;;
+            samba) port=$sb_port; user=root ;;
+            samba-signed) port=$sbs_port; user=root ;;
+        esac
         drop_caches
         res[$server.put]+="$(timed smb "$port" "$user" "put $work/big big$r") "
         drop_caches
