@@ -4,7 +4,8 @@
 # pass/fail per test (docs/smb-conformance.md is this script's output).
 #
 #   scripts/smbtorture.sh [SUITE...]        default: the whole ladder
-#   SMBTORTURE_TIMEOUT=300 (seconds per suite and server), AQUIFER_BIN (default: debug build)
+#   SMBTORTURE_TIMEOUT=300 (seconds per suite and server), AQUIFER_BIN (default: debug build),
+#   SMBTORTURE_RAW_DIR (keep smbtorture's full output per server and suite there)
 #
 # Needs root for smbd's state, and apt samba + samba-testsuite (scripts/deps.sh installs them).
 set -euo pipefail
@@ -64,6 +65,7 @@ run() {
         --option=torture:writetimeupdatedelay=50000 "smb2.$suite" > "$out.raw" 2>&1 || true
     grep -E '^(success|failure|error|skip|xfail): ' "$out.raw" | sed -E 's/^(success|failure|error|skip|xfail): ([^ ]+).*/\1\t\2/' \
         | awk -F'\t' '!seen[$2]++' > "$out" || true
+    if [[ -n ${SMBTORTURE_RAW_DIR:-} ]]; then mkdir -p "$SMBTORTURE_RAW_DIR" && cp "$out.raw" "$SMBTORTURE_RAW_DIR/$server.$suite.txt"; fi
     if ! grep -q . "$out"; then
         printf 'error\t%s (no result: %s)\n' "$suite" "$(tail -1 "$out.raw" | tr -d '\t' | cut -c1-80)" > "$out"
     fi

@@ -121,7 +121,6 @@ pub(crate) const FILE_ATTRIBUTE_HIDDEN: u32 = 0x0000_0002;
 pub(crate) const FILE_ATTRIBUTE_SYSTEM: u32 = 0x0000_0004;
 pub(crate) const FILE_ATTRIBUTE_DIRECTORY: u32 = 0x0000_0010;
 pub(crate) const FILE_ATTRIBUTE_ARCHIVE: u32 = 0x0000_0020;
-pub(crate) const FILE_ATTRIBUTE_NORMAL: u32 = 0x0000_0080;
 pub(crate) const FILE_ATTRIBUTE_TEMPORARY: u32 = 0x0000_0100;
 pub(crate) const FILE_ATTRIBUTE_OFFLINE: u32 = 0x0000_1000;
 pub(crate) const FILE_ATTRIBUTE_NOT_CONTENT_INDEXED: u32 = 0x0000_2000;
@@ -154,22 +153,22 @@ impl FileInfo {
     }
 
     /// SMB2 file attributes (MS-FSCC 2.6) for this file:
-    /// `FILE_ATTRIBUTE_DIRECTORY` for directories and
-    /// `FILE_ATTRIBUTE_READONLY` for read-only files.
-    /// `FILE_ATTRIBUTE_NORMAL` stands alone when neither applies.
+    /// `FILE_ATTRIBUTE_DIRECTORY` for directories, `FILE_ATTRIBUTE_ARCHIVE`
+    /// for other files, and `FILE_ATTRIBUTE_READONLY` for read-only files.
+    ///
+    /// Aquifer patch: files carry ARCHIVE as Windows and Samba report them
+    /// (a new or changed file is marked for backup), where upstream reported
+    /// `FILE_ATTRIBUTE_NORMAL`; smbtorture checks it after every CREATE.
     pub fn attributes(&self) -> u32 {
-        let mut attributes = 0;
-        if self.is_directory {
-            attributes |= FILE_ATTRIBUTE_DIRECTORY;
-        }
+        let mut attributes = if self.is_directory {
+            FILE_ATTRIBUTE_DIRECTORY
+        } else {
+            FILE_ATTRIBUTE_ARCHIVE
+        };
         if self.read_only {
             attributes |= FILE_ATTRIBUTE_READONLY;
         }
-        if attributes == 0 {
-            FILE_ATTRIBUTE_NORMAL
-        } else {
-            attributes
-        }
+        attributes
     }
 }
 

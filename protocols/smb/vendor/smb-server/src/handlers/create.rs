@@ -388,6 +388,12 @@ impl CreateArgs {
 
         // Decode path.
         let units = utf16le_to_units(&req.name).ok_or(ntstatus::STATUS_INVALID_PARAMETER)?;
+        // Aquifer patch: a name that starts with a separator is refused, as
+        // MS-SMB2 3.3.5.9 asks and Windows and Samba do (upstream opened it
+        // relative to the share root).
+        if units.first() == Some(&u16::from(b'\\')) {
+            return Err(ntstatus::STATUS_INVALID_PARAMETER);
+        }
         let path = SmbPath::from_utf16(&units).map_err(|_| ntstatus::STATUS_OBJECT_NAME_INVALID)?;
 
         // Translate disposition.

@@ -55,6 +55,11 @@ pub async fn handle(
     };
     let bytes = match result {
         Ok(b) => b,
+        // Aquifer patch: READ on a directory is STATUS_INVALID_DEVICE_REQUEST,
+        // as Windows and Samba answer (MS-SMB2 3.3.5.12).
+        Err(crate::SmbError::IsDirectory) => {
+            return HandlerResponse::err(ntstatus::STATUS_INVALID_DEVICE_REQUEST);
+        }
         Err(e) => return HandlerResponse::err(e.to_nt_status()),
     };
     // MS-SMB2 3.3.5.12: fewer bytes than MinimumCount is end of file.
