@@ -84,6 +84,16 @@ fn smbclient_file_operations_with_and_without_encryption() {
     let d = Daemon::start(&dir.path().join("data"), &["--drive-size", "64MiB"]);
     put_get_round_trip(&d, false, work.path());
     put_get_round_trip(&d, true, work.path());
+    // SMB 3.1.1 sessions sign with AES-GMAC, which smbclient offers, and smbclient checks
+    // every signature it receives (a bad one fails the command); SMB 3.0 signs with AES-CMAC.
+    for (max, algo) in [("SMB3", "sign_algo_id=2"), ("SMB3_00", "sign_algo_id=1")] {
+        let mut c = Command::new("smbclient");
+        c.arg("//127.0.0.1/aquifer").args(["-p", d.smb.rsplit(':').next().unwrap(), "-m", max, "-d", "10"]);
+        c.args(["-U", &format!("admin%{ADMIN_PASSWORD}"), "-s", "/dev/null", "--option=client use kerberos=off"]);
+        let o = c.args(["--option=client smb encrypt=off", "-c", "ls"]).output().unwrap();
+        let t = text(&o);
+        assert!(o.status.success() && t.contains(&format!("signed SMB2 message ({algo})")), "{max}: {}", &t[t.len().saturating_sub(3000)..]);
+    }
     d.stop();
 }
 

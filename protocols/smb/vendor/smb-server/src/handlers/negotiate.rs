@@ -140,9 +140,14 @@ fn read_contexts(body: &[u8], req: &NegotiateRequest) -> Result<ClientContexts, 
             if caps.signing_algorithm_count == 0 {
                 return Err(invalid);
             }
-            // AES-CMAC is the one 3.1.1 algorithm implemented, and the
-            // answer when the client lists none of the server's.
-            Some(SigningCapabilities::ALGORITHM_AES_CMAC)
+            // Aquifer patch: AES-GMAC when the client offers it (as Windows
+            // and Samba choose), else AES-CMAC, also the answer when the
+            // client lists none of the server's.
+            if caps.signing_algorithms.contains(&SigningCapabilities::ALGORITHM_AES_GMAC) {
+                Some(SigningCapabilities::ALGORITHM_AES_GMAC)
+            } else {
+                Some(SigningCapabilities::ALGORITHM_AES_CMAC)
+            }
         }
         None => None,
     };
@@ -203,6 +208,12 @@ pub async fn handle(
     *conn.client_guid.write().await = Uuid::from_bytes(req.client_guid);
     *conn.signing_algo.write().await = match dialect {
         Dialect::Smb202 | Dialect::Smb210 => SigningAlgo::HmacSha256,
+        Dialect::Smb311
+            if contexts.as_ref().and_then(|c| c.signing_algorithm)
+                == Some(SigningCapabilities::ALGORITHM_AES_GMAC) =>
+        {
+            SigningAlgo::AesGmac
+        }
         _ => SigningAlgo::AesCmac,
     };
     *conn.cipher.write().await = match (dialect, &contexts) {

@@ -1,8 +1,10 @@
 //! SMB2/3 message signing per MS-SMB2 §3.1.4.1.
 //!
-//! Two algorithms are supported:
+//! Three algorithms are supported:
 //! 1. **HMAC-SHA-256** for SMB 2.0.2 / 2.1.
 //! 2. **AES-CMAC** for SMB 3.0+.
+//! 3. **AES-GMAC** for SMB 3.1.1 when the client offers it in its
+//!    SMB2_SIGNING_CAPABILITIES (Aquifer patch).
 //!
 //! Both produce a 16-byte signature that lives at bytes 48..64 of the SMB2
 //! header (the `Signature` field, MS-SMB2 §2.2.1.2).
@@ -13,6 +15,9 @@
 //! 3. Place the first 16 bytes of MAC at bytes 48..64.
 
 use aes::Aes128;
+use aes_gcm::Aes128Gcm;
+use aes_gcm::aead::generic_array::GenericArray;
+use aes_gcm::aead::{AeadInPlace, KeyInit};
 use cmac::Cmac;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -34,6 +39,37 @@ pub enum SigningAlgo {
     HmacSha256,
     /// AES-CMAC over AES-128, used by SMB 3.0+.
     AesCmac,
+    /// AES-128-GMAC (MS-SMB2 3.1.4.1), negotiated on SMB 3.1.1: AES-GCM
+    /// over the message as associated data, nothing encrypted. About twice
+    /// as fast as AES-CMAC with the same AES instructions, and GHASH is not
+    /// a serial chain of block encryptions.
+    AesGmac,
+}
+
+/// The AES-GMAC nonce of a message (MS-SMB2 3.1.4.1): its MessageId, then
+/// a 32-bit field with bit 0 set on a server's response and bit 1 on a
+/// CANCEL request.
+fn gmac_nonce(msg: &[u8]) -> [u8; 12] {
+    const SMB2_FLAGS_SERVER_TO_REDIR: u32 = 0x0000_0001;
+    const CANCEL: u16 = 0x000C;
+    let command = u16::from_le_bytes([msg[12], msg[13]]);
+    let flags = u32::from_le_bytes(msg[16..20].try_into().expect("4 bytes"));
+    let mut nonce = [0u8; 12];
+    nonce[..8].copy_from_slice(&msg[24..32]);
+    let role = u32::from(flags & SMB2_FLAGS_SERVER_TO_REDIR != 0)
+        | if command == CANCEL { 2 } else { 0 };
+    nonce[8..].copy_from_slice(&role.to_le_bytes());
+    nonce
+}
+
+/// The AES-GMAC tag of `msg`, whose signature field must already be zero.
+fn gmac(msg: &[u8], key: &[u8; 16]) -> [u8; SIG_LEN] {
+    let cipher = Aes128Gcm::new(GenericArray::from_slice(key));
+    let nonce = gmac_nonce(msg);
+    let tag = cipher
+        .encrypt_in_place_detached(GenericArray::from_slice(&nonce), msg, &mut [])
+        .expect("an empty plaintext always encrypts");
+    tag.into()
 }
 
 /// Compute the 16-byte MAC over `msg` as if the SMB2 signature field were
@@ -63,6 +99,12 @@ fn compute_mac_zeroed_signature(msg: &[u8], key: &[u8; 16], algo: SigningAlgo) -
             let full = mac.finalize().into_bytes();
             out.copy_from_slice(&full[..SIG_LEN]);
         }
+        SigningAlgo::AesGmac => {
+            // GCM needs the associated data in one piece.
+            let mut copy = msg.to_vec();
+            copy[SIG_OFF..SIG_OFF + SIG_LEN].fill(0);
+            out = gmac(&copy, key);
+        }
     }
     out
 }
@@ -80,7 +122,13 @@ pub fn sign(msg: &mut [u8], key: &[u8; 16], algo: SigningAlgo) -> ProtoResult<()
 
     // Compute MAC over the whole message with the signature field treated as
     // zero, then place the MAC into the signature field.
-    let mac = compute_mac_zeroed_signature(msg, key, algo);
+    let mac = if algo == SigningAlgo::AesGmac {
+        // The message is ours to change: zero the field in place, no copy.
+        msg[SIG_OFF..SIG_OFF + SIG_LEN].fill(0);
+        gmac(msg, key)
+    } else {
+        compute_mac_zeroed_signature(msg, key, algo)
+    };
     msg[SIG_OFF..SIG_OFF + SIG_LEN].copy_from_slice(&mac);
 
     Ok(())
