@@ -141,13 +141,19 @@ fn read_contexts(body: &[u8], req: &NegotiateRequest) -> Result<ClientContexts, 
                 return Err(invalid);
             }
             // Aquifer patch: AES-GMAC when the client offers it (as Windows
-            // and Samba choose), else AES-CMAC, also the answer when the
-            // client lists none of the server's.
-            if caps.signing_algorithms.contains(&SigningCapabilities::ALGORITHM_AES_GMAC) {
-                Some(SigningCapabilities::ALGORITHM_AES_GMAC)
-            } else {
-                Some(SigningCapabilities::ALGORITHM_AES_CMAC)
-            }
+            // and Samba choose), else AES-CMAC, else HMAC-SHA-256; AES-CMAC
+            // when the client lists none of these (MS-SMB2 3.3.5.4).
+            let offered = |a| caps.signing_algorithms.contains(&a);
+            Some(
+                [
+                    SigningCapabilities::ALGORITHM_AES_GMAC,
+                    SigningCapabilities::ALGORITHM_AES_CMAC,
+                    SigningCapabilities::ALGORITHM_HMAC_SHA256,
+                ]
+                .into_iter()
+                .find(|&a| offered(a))
+                .unwrap_or(SigningCapabilities::ALGORITHM_AES_CMAC),
+            )
         }
         None => None,
     };
@@ -208,12 +214,11 @@ pub async fn handle(
     *conn.client_guid.write().await = Uuid::from_bytes(req.client_guid);
     *conn.signing_algo.write().await = match dialect {
         Dialect::Smb202 | Dialect::Smb210 => SigningAlgo::HmacSha256,
-        Dialect::Smb311
-            if contexts.as_ref().and_then(|c| c.signing_algorithm)
-                == Some(SigningCapabilities::ALGORITHM_AES_GMAC) =>
-        {
-            SigningAlgo::AesGmac
-        }
+        Dialect::Smb311 => match contexts.as_ref().and_then(|c| c.signing_algorithm) {
+            Some(SigningCapabilities::ALGORITHM_AES_GMAC) => SigningAlgo::AesGmac,
+            Some(SigningCapabilities::ALGORITHM_HMAC_SHA256) => SigningAlgo::HmacSha256,
+            _ => SigningAlgo::AesCmac,
+        },
         _ => SigningAlgo::AesCmac,
     };
     *conn.cipher.write().await = match (dialect, &contexts) {
