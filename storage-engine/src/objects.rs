@@ -267,6 +267,12 @@ impl Engine {
     /// `xattrs` are set on the object before it becomes visible (ETag, content type, user
     /// metadata), so no reader sees it without them.
     pub fn multipart_complete(&self, caller: &Caller, id: &str, numbers: &[u32], xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<Attr> {
+        self.multipart_complete_with_mode(caller, id, numbers, xattrs, 0o644)
+    }
+
+    /// [`Engine::multipart_complete`] publishing the object with `mode` (a private canned ACL
+    /// is 0600): the object is never visible with wider permissions, not even for a moment.
+    pub fn multipart_complete_with_mode(&self, caller: &Caller, id: &str, numbers: &[u32], xattrs: &[(Vec<u8>, Vec<u8>)], mode: u32) -> Result<Attr> {
         let u = self.multipart_get(caller, id)?;
         if numbers.is_empty() {
             return Err(Error::InvalidArgument("no parts named".into()));
@@ -281,7 +287,7 @@ impl Engine {
             inos.push(p.ino);
         }
         let (parent, name) = self.object_parent(caller, u.bucket, &u.key, true)?;
-        let target = self.create_orphan(caller, parent)?;
+        let target = self.begin_put(caller, parent, mode & 0o7777)?;
         self.force_extents(target.ino)?;
         // The parts' records go first, durably: from here on the parts belong to the target
         // (a crash leaves an orphan target, reclaimed at start, never a doubly owned stripe).

@@ -80,7 +80,17 @@ fn multipart_concatenates_without_copying_and_cleans_up() {
     // Complete with parts 1, 2 and 4; part 3 is discarded.
     e.multipart_complete(&c, &id, &[1, 2, 4], &[(b"user.etag".to_vec(), b"abc-3".to_vec())]).unwrap();
     let obj = e.resolve(&c, "/bkt/deep/obj").unwrap();
+    assert_eq!(obj.mode & 0o777, 0o644);
     assert_eq!(e.getxattr(&c, obj.ino, b"user.etag").unwrap(), b"abc-3");
+    // Published with a given mode (a private canned ACL): 0600 from the first moment.
+    let id2 = e.multipart_create(&c, b.ino, "private", vec![]).unwrap();
+    let a = e.multipart_part_begin(&c, &id2, 1).unwrap();
+    e.write(&c, a.ino, 0, b"secret", Stability::Unstable).unwrap();
+    e.multipart_part_finish(&c, &id2, 1, a.ino, b"t".to_vec()).unwrap();
+    let private = e.multipart_complete_with_mode(&c, &id2, &[1], &[], 0o600).unwrap();
+    assert_eq!(private.mode & 0o777, 0o600);
+    assert_eq!(get(&e, "/bkt/private"), b"secret");
+    e.unlink(&c, b.ino, b"private").unwrap();
     let mut want = parts[0].clone();
     want.extend_from_slice(&p2);
     want.extend_from_slice(&parts[3]);

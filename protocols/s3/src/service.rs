@@ -1665,14 +1665,9 @@ impl S3 for AquiferS3 {
             let meta = stored.get("meta").and_then(|v| v.as_str()).map(|s| ObjectMeta::decode(s.as_bytes())).unwrap_or_default();
             let tags = stored.get("tags").and_then(|v| v.as_str()).map(|s| decode_tags(s.as_bytes())).unwrap_or_default();
             let mode = stored.get("mode").and_then(|v| v.as_u64()).map_or(FILE_MODE, |m| m as u32);
-            let attr = engine.multipart_complete(&caller, &id, &wanted, &[]).map_err(|e| map_err(e, Missing::Upload))?;
-            // The canned ACL given at CreateMultipartUpload: the engine publishes the object
-            // with the default mode, so a private one is narrowed at once.
-            if mode != FILE_MODE {
-                engine
-                    .setattr(&caller, attr.ino, storage_engine::SetAttr { mode: Some(mode), ..Default::default() })
-                    .map_err(|e| map_err(e, Missing::Key))?;
-            }
+            // The canned ACL given at CreateMultipartUpload: the object is published with its
+            // mode (private = 0600), never visible with a wider one.
+            let attr = engine.multipart_complete_with_mode(&caller, &id, &wanted, &[], mode).map_err(|e| map_err(e, Missing::Upload))?;
             // The object is published; its ETag and metadata follow at once. A reader in
             // between computes the MD5 itself.
             save_etag(&engine, attr.ino, &etag, &attr).map_err(|e| map_err(e, Missing::Key))?;
