@@ -303,4 +303,33 @@ mod tests {
         );
         verify(&dirty, &key, SigningAlgo::HmacSha256).expect("verify dirty");
     }
+
+    #[test]
+    fn aes_gmac_signs_verifies_and_binds_the_message_id_and_direction() {
+        let key = [0x42u8; 16];
+        let mut msg = fixture_message();
+        msg[24..32].copy_from_slice(&7u64.to_le_bytes());
+        let before = msg.clone();
+        sign(&mut msg, &key, SigningAlgo::AesGmac).expect("sign ok");
+        verify(&msg, &key, SigningAlgo::AesGmac).expect("verify ok");
+        assert_eq!(msg[..SIG_OFF], before[..SIG_OFF]);
+        assert_eq!(msg[SIG_OFF + SIG_LEN..], before[SIG_OFF + SIG_LEN..]);
+        // Not the CMAC of the same bytes.
+        assert!(verify(&msg, &key, SigningAlgo::AesCmac).is_err());
+        // A change anywhere, another message id, or the response direction
+        // (SMB2_FLAGS_SERVER_TO_REDIR) changes the signature.
+        for (at, byte) in [(99, 0xFF), (24, 8), (16, 0x09)] {
+            let mut other = msg.clone();
+            other[at] = byte;
+            assert!(verify(&other, &key, SigningAlgo::AesGmac).is_err(), "byte {at}");
+        }
+        assert!(verify(&msg, &[0x43; 16], SigningAlgo::AesGmac).is_err());
+        // The nonce: message id, then bit 0 for a response and bit 1 for CANCEL.
+        let mut cancel = fixture_message();
+        cancel[12..14].copy_from_slice(&0x000Cu16.to_le_bytes());
+        cancel[16..20].copy_from_slice(&0x0000_0009u32.to_le_bytes());
+        cancel[24..32].copy_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(gmac_nonce(&cancel), [8, 7, 6, 5, 4, 3, 2, 1, 3, 0, 0, 0]);
+        assert_eq!(gmac_nonce(&before)[8..], [0, 0, 0, 0]);
+    }
 }
