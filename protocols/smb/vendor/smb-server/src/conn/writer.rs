@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::proto::framing::encode_frame;
+use crate::proto::framing::{MAX_FRAME_PAYLOAD, encode_frame};
 use tokio::io::{AsyncWriteExt, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -164,14 +164,36 @@ impl Drop for ResponseReceiver {
 
 /// Writes each response, giving up on the connection when one takes longer
 /// than `io_timeout` to send.
+/// Responses up to this size are copied behind their frame header and sent
+/// with one write; larger ones are sent as header, then payload.
+const INLINE_FRAME_BYTES: usize = 64 * 1024;
+
+/// The 4-byte Direct-TCP header of a `len`-byte payload.
+fn encode_frame_header(len: usize, out: &mut Vec<u8>) -> crate::proto::error::ProtoResult<()> {
+    if len > MAX_FRAME_PAYLOAD as usize {
+        return Err(crate::proto::error::ProtoError::Malformed("frame payload exceeds 16 MiB - 1"));
+    }
+    out.extend_from_slice(&(len as u32).to_be_bytes());
+    Ok(())
+}
+
 pub async fn writer_task(
     mut writer: WriteHalf<TcpStream>,
     mut queue: ResponseReceiver,
     io_timeout: Duration,
 ) {
     while let Some(payload) = queue.rx.recv().await {
-        let mut out = Vec::with_capacity(payload.bytes.len() + 4);
-        if let Err(e) = encode_frame(&payload.bytes, &mut out) {
+        // Aquifer patch: a large response (a READ's MiB) goes out behind its
+        // 4-byte frame header instead of being copied into a new buffer
+        // with it; small ones are still joined into one write.
+        let large = payload.bytes.len() > INLINE_FRAME_BYTES;
+        let mut out = Vec::with_capacity(if large { 4 } else { payload.bytes.len() + 4 });
+        let framed = if large {
+            encode_frame_header(payload.bytes.len(), &mut out)
+        } else {
+            encode_frame(&payload.bytes, &mut out)
+        };
+        if let Err(e) = framed {
             error!(
                 error = %e,
                 len = payload.bytes.len(),
@@ -179,21 +201,26 @@ pub async fn writer_task(
             );
             return;
         }
-        drop(payload);
-        match tokio::time::timeout(io_timeout, writer.write_all(&out)).await {
-            Ok(Ok(())) => debug!(len = out.len(), "wrote frame"),
+        let len = out.len() + if large { payload.bytes.len() } else { 0 };
+        let write = async {
+            writer.write_all(&out).await?;
+            if large {
+                writer.write_all(&payload.bytes).await?;
+            }
+            Ok::<(), std::io::Error>(())
+        };
+        match tokio::time::timeout(io_timeout, write).await {
+            Ok(Ok(())) => debug!(len, "wrote frame"),
             Ok(Err(e)) => {
                 error!(error = %e, "writer task: socket write failed");
                 return;
             }
             Err(_) => {
-                warn!(
-                    len = out.len(),
-                    "response not sent in time; closing connection"
-                );
+                warn!(len, "response not sent in time; closing connection");
                 return;
             }
         }
+        drop(payload);
     }
     // Channel closed: flush and bail.
     if let Err(e) = writer.shutdown().await {
@@ -204,6 +231,17 @@ pub async fn writer_task(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_large_frame_header_matches_the_encoder() {
+        let payload = vec![7u8; 300_000];
+        let mut joined = Vec::new();
+        encode_frame(&payload, &mut joined).unwrap();
+        let mut head = Vec::new();
+        encode_frame_header(payload.len(), &mut head).unwrap();
+        assert_eq!(head[..], joined[..4]);
+        assert!(encode_frame_header(MAX_FRAME_PAYLOAD as usize + 1, &mut head).is_err());
+    }
 
     #[tokio::test]
     async fn notices_bypass_the_response_limits_and_keep_queue_order() {
