@@ -1129,10 +1129,11 @@ impl SpokePortal {
                 let a = self.adopt(*parent, name, &e, None)?;
                 Ok(Verdict::Done(Some(a)))
             }
-            Mutation::Create { parent, name, kind: FileKind::File, mode, .. } => {
-                // An empty file, created on the hub first (exclusive semantics are the hub's).
+            Mutation::Create { parent, name, kind: FileKind::File, mode, exclusive, .. } => {
+                // An empty file, created on the hub first. Without O_EXCL an existing regular
+                // file is returned unchanged, as for any create.
                 if let Ok(l) = self.engine.lookup(&c, *parent, name) {
-                    return Ok(Verdict::Done(Some(l)));
+                    return if *exclusive || l.kind != FileKind::File { Err(Error::Exists) } else { Ok(Verdict::Done(Some(l))) };
                 }
                 let e = self.put_hub(path_of(*parent)?, name, &[], *mode)?;
                 let a = self.adopt(*parent, name, &e, None)?;

@@ -346,6 +346,8 @@ async fn read_write_portal_forwards_writes_to_the_hub() {
         let c = admin();
         let d = e.resolve(&c, "/proj/ckpt").unwrap();
         let f = e.create(&c, d.ino, b"pieces.bin", 0o644, true).unwrap();
+        assert!(matches!(e.create(&c, d.ino, b"pieces.bin", 0o644, true), Err(Error::Exists)));
+        assert_eq!(e.create(&c, d.ino, b"pieces.bin", 0o644, false).unwrap().ino, f.ino);
         for (i, p) in b.chunks(100_000).enumerate() {
             e.write(&c, f.ino, (i * 100_000) as u64, p, Stability::Unstable).unwrap();
         }

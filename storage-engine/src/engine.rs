@@ -1544,7 +1544,7 @@ impl Engine {
     // ---------------------------------------------------------------- public mutations
 
     fn create_node(&self, caller: &Caller, parent: Ino, name: &[u8], kind: FileKind, mode: u32, target: Vec<u8>, exclusive: bool) -> Result<Attr> {
-        let m = Mutation::Create { caller, parent, name, kind, mode, target: &target };
+        let m = Mutation::Create { caller, parent, name, kind, mode, target: &target, exclusive };
         if let Some(done) = self.remote_mutation(&[parent], m)? {
             return done.ok_or_else(|| Error::Io("portal create returned no attributes".into()));
         }

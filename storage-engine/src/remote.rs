@@ -62,7 +62,8 @@ pub trait RemoteSource: Send + Sync {
 /// A client mutation that touches a mirror inode, as the fabric is told about it.
 #[derive(Debug)]
 pub enum Mutation<'a> {
-    Create { caller: &'a Caller, parent: Ino, name: &'a [u8], kind: FileKind, mode: u32, target: &'a [u8] },
+    /// `exclusive`: an existing entry is an error (O_EXCL, NFS GUARDED/EXCLUSIVE).
+    Create { caller: &'a Caller, parent: Ino, name: &'a [u8], kind: FileKind, mode: u32, target: &'a [u8], exclusive: bool },
     Remove { caller: &'a Caller, parent: Ino, name: &'a [u8], dir: bool },
     Rename { caller: &'a Caller, from_parent: Ino, from_name: &'a [u8], to_parent: Ino, to_name: &'a [u8] },
     /// A staged whole file (`begin_put`) is about to be published as `parent/name`.
