@@ -1711,8 +1711,9 @@ impl Engine {
                     continue;
                 }
                 if b.is_empty() {
-                    // The size may have moved since the buffer was made (a flush in between).
-                    b.size = b.size.max(self.load(ino)?.size);
+                    // Nothing buffered: the committed size is the base (a flush or a truncation
+                    // may have happened since the buffer, or `rec`, was made).
+                    b.size = self.load(ino)?.size;
                 }
                 b.insert(offset, data, self.now());
                 break b.bytes() >= self.cfg.write_buffer_bytes_max;
