@@ -941,7 +941,7 @@ fn prepare_spoke_dir(engine: &Engine, path: &str) -> Result<Ino, String> {
 fn bind_root(engine: &Engine, portal: &SpokePortal, local_root: Ino) -> storage_engine::Result<()> {
     let c = Caller::portal();
     let Some(mut stub) = engine.remote_stub(local_root)? else { return Ok(()) };
-    let resp = portal.call_pub(Request::GetAttr { path: vec![] })?;
+    let resp = portal.call(Request::GetAttr { path: vec![] })?;
     let Response::Attr(e) = resp else { return Err(Error::Io("unexpected answer for the portal root".into())) };
     if stub.hub_ino != e.hub_ino {
         stub.hub_ino = e.hub_ino;
@@ -949,7 +949,7 @@ fn bind_root(engine: &Engine, portal: &SpokePortal, local_root: Ino) -> storage_
         stub.listed = false;
     }
     if stub.hub_version != e.version {
-        engine.remote_set_attr(&c, local_root, &spoke::remote_attr_pub(&e))?;
+        engine.remote_set_attr(&c, local_root, &spoke::remote_attr(&e))?;
         stub.hub_version = e.version;
         stub.listed = false;
     }

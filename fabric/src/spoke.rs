@@ -186,7 +186,7 @@ fn hub_error(id: &str, code: ErrorCode, message: &str) -> Error {
     }
 }
 
-fn remote_attr(e: &Entry) -> RemoteAttr {
+pub(crate) fn remote_attr(e: &Entry) -> RemoteAttr {
     RemoteAttr {
         mode: e.mode,
         uid: e.uid,
@@ -276,7 +276,7 @@ impl SpokePortal {
 
     // ------------------------------------------------------------ link, lease, coherence
 
-    fn call(&self, req: Request) -> Result<Response> {
+    pub(crate) fn call(&self, req: Request) -> Result<Response> {
         let id = self.id();
         let link = self.link.read().clone().ok_or_else(|| unavailable(&id, "not connected to the hub"))?;
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -1333,8 +1333,8 @@ impl SpokePortal {
         let e = self.put_hub(comps, &name, &data, a.mode)?;
         stub.hub_ino = e.hub_ino;
         stub.hub_version = e.version;
-        stub.present = vec![(0, a.size)];
-        stub.present.retain(|(s, e)| s < e);
+        stub.present.clear();
+        stub.add_present(0, a.size);
         self.engine.close(&c, stub.cache_ino)?;
         self.engine.remote_stub_put(&c, ino, &stub)?;
         self.engine.remote_set_attr(&c, ino, &remote_attr(&e))?;
@@ -1415,15 +1415,4 @@ impl SpokePortal {
         }
         self.engine.getattr(&c, a.ino)
     }
-}
-
-impl SpokePortal {
-    /// A request to the hub, for the fabric's own use (binding the portal root).
-    pub fn call_pub(&self, req: Request) -> Result<Response> {
-        self.call(req)
-    }
-}
-
-pub fn remote_attr_pub(e: &Entry) -> RemoteAttr {
-    remote_attr(e)
 }
