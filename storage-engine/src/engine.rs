@@ -659,7 +659,7 @@ impl Engine {
         validate_name(name)?;
         self.remote_ensure(caller, parent, crate::remote::Need::Listing)?;
         let (ino, _) = self.load_dentry(parent, name)?.ok_or(Error::NotFound)?;
-        self.remote_ensure(caller, ino, crate::remote::Need::Attr)?;
+        // getattr brings a mirror inode's attributes up to date and shows the hub's version.
         self.getattr(caller, ino)
     }
 
