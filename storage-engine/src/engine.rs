@@ -707,6 +707,12 @@ impl Engine {
 
     /// Lists a directory in name byte order, `max` entries from after `cursor`.
     pub fn readdir(&self, caller: &Caller, ino: Ino, cursor: Option<&[u8]>, max: usize) -> Result<DirPage> {
+        self.readdir_from(caller, ino, cursor.map(|c| (c, false)), max)
+    }
+
+    /// [`Engine::readdir`] starting at `from`: `(name, inclusive)`, entries at or strictly
+    /// after that name in byte order.
+    pub(crate) fn readdir_from(&self, caller: &Caller, ino: Ino, from: Option<(&[u8], bool)>, max: usize) -> Result<DirPage> {
         let dir = self.load(ino)?;
         if dir.kind != FileKind::Dir {
             return Err(Error::NotDir);
@@ -714,10 +720,12 @@ impl Engine {
         check(caller, &dir, R)?;
         self.remote_ensure(caller, ino, crate::remote::Need::Listing)?;
         let prefix = be64(ino);
-        let start = match cursor {
-            Some(c) => {
-                let mut k = dentry_key(ino, c);
-                k.push(0); // strictly after the cursor name
+        let start = match from {
+            Some((name, inclusive)) => {
+                let mut k = dentry_key(ino, name);
+                if !inclusive {
+                    k.push(0); // strictly after the cursor name
+                }
                 k
             }
             None => prefix.to_vec(),

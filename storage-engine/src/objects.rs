@@ -3,8 +3,9 @@
 //!
 //! A bucket is a directory; key `a/b/c` is file `c` in directory `a/b` below it. Listing must
 //! return keys in byte order, which is not the order of a depth-first walk by name: `a-b`
-//! sorts before `a/b` because '-' < '/'. Each directory's entries are therefore sorted by
-//! their key form (`name/` for directories) before descending.
+//! sorts before `a/b` because '-' < '/'. Each directory is read in name order from the
+//! first name that can matter, with directories held back until their keys' turn, so a
+//! page costs about what it returns, not the size of the directory.
 
 use std::collections::HashSet;
 
@@ -19,6 +20,10 @@ use crate::types::*;
 pub const PARTS_MAX: u32 = 10_000;
 /// Most entries one listing call returns.
 pub const LIST_KEYS_MAX: usize = 10_000;
+/// Directory entries a listing reads first from each directory; later reads grow fourfold
+/// up to [`LIST_READ_MAX`], so a small page reads little and a large one few times.
+const LIST_READ_FIRST: usize = 64;
+const LIST_READ_MAX: usize = 4096;
 
 #[derive(Debug, Clone)]
 pub struct UploadInfo {
@@ -322,72 +327,132 @@ impl Engine {
         Ok(page)
     }
 
+    /// Lists one directory's part of the key space in key order, reading its entries in
+    /// name order from the first name that can matter, and stopping once the page is full
+    /// or the names are past `prefix`. Key order differs from name order only for a
+    /// directory `d`, whose keys (`d/...`) sort after names that extend `d` with a byte
+    /// below '/' (`d-x`, `d.txt`): such directories wait on a stack until the names read
+    /// no longer extend them.
     fn list_dir(&self, caller: &Caller, dir: Ino, path: &mut Vec<u8>, st: &mut ListState) -> Result<()> {
-        let mut entries = Vec::new();
-        let mut cursor: Option<Vec<u8>> = None;
+        // The part of `s` that names an entry of this directory, when `s` reaches below it.
+        let component = |s: &[u8]| -> Option<Vec<u8>> {
+            (s.len() > path.len() && s.starts_with(path)).then(|| {
+                let rest = &s[path.len()..];
+                rest[..rest.iter().position(|b| *b == b'/').unwrap_or(rest.len())].to_vec()
+            })
+        };
+        // Names below the prefix's component cannot match it; names past it, not extending
+        // it, end the directory.
+        let prefix_name = component(st.prefix);
+        let mut from = prefix_name.clone().unwrap_or_default();
+        let mut waiting: Vec<DirEntry> = Vec::new();
+        if let Some(after) = component(st.start_after).filter(|a| *a > from) {
+            // Names below start_after's component sort before start_after, except
+            // directories named by a prefix of it that its next byte sorts below '/'
+            // (directory `a` holds `a/x`, after `a-b`).
+            for i in 1..after.len() {
+                if after[i] < b'/'
+                    && let Some(e) = self.readdir_from(caller, dir, Some((&after[..i], true)), 1)?.entries.pop()
+                    && e.name == after[..i]
+                    && e.kind == FileKind::Dir
+                {
+                    waiting.push(e);
+                }
+            }
+            from = after;
+        }
+        let mut cursor = (!from.is_empty()).then_some((from, true));
+        let mut batch = LIST_READ_FIRST;
         loop {
-            let page = self.readdir(caller, dir, cursor.as_deref(), 4096)?;
-            entries.extend(page.entries);
+            let page = self.readdir_from(caller, dir, cursor.as_ref().map(|(n, inclusive)| (n.as_slice(), *inclusive)), batch)?;
+            for e in page.entries {
+                if prefix_name.as_ref().is_some_and(|p| e.name > *p && !e.name.starts_with(p)) {
+                    return self.list_waiting(caller, waiting, path, st);
+                }
+                while let Some(d) = waiting.last() {
+                    if e.name.len() > d.name.len() && e.name.starts_with(&d.name) && e.name[d.name.len()] < b'/' {
+                        break;
+                    }
+                    let d = waiting.pop().expect("a waiting directory");
+                    self.list_entry(caller, d, path, st)?;
+                }
+                if st.done {
+                    return Ok(());
+                }
+                if e.kind == FileKind::Dir {
+                    waiting.push(e);
+                } else {
+                    self.list_entry(caller, e, path, st)?;
+                }
+            }
             match page.next_cursor {
-                Some(c) => cursor = Some(c),
+                Some(c) => cursor = Some((c, false)),
                 None => break,
             }
+            batch = (batch * 4).min(LIST_READ_MAX);
         }
-        let mut keyed: Vec<(Vec<u8>, DirEntry)> = entries
-            .into_iter()
-            .map(|e| {
-                let mut k = path.clone();
-                k.extend_from_slice(&e.name);
-                if e.kind == FileKind::Dir {
-                    k.push(b'/');
-                }
-                (k, e)
-            })
-            .collect();
-        keyed.sort_by(|a, b| a.0.cmp(&b.0));
-        for (key, e) in keyed {
+        self.list_waiting(caller, waiting, path, st)
+    }
+
+    /// Lists the directories still waiting, innermost (first in key order) first.
+    fn list_waiting(&self, caller: &Caller, mut waiting: Vec<DirEntry>, path: &mut Vec<u8>, st: &mut ListState) -> Result<()> {
+        while let Some(d) = waiting.pop() {
             if st.done {
+                break;
+            }
+            self.list_entry(caller, d, path, st)?;
+        }
+        Ok(())
+    }
+
+    /// One entry of the directory at `path`, in key order: a file is an object or rolls
+    /// into a common prefix; a directory is a common prefix or is listed in turn.
+    fn list_entry(&self, caller: &Caller, e: DirEntry, path: &mut Vec<u8>, st: &mut ListState) -> Result<()> {
+        if st.done {
+            return Ok(());
+        }
+        let mut key = path.clone();
+        key.extend_from_slice(&e.name);
+        if e.kind == FileKind::Dir {
+            key.push(b'/');
+        }
+        // Subtrees and keys that cannot match the prefix.
+        let common = key.len().min(st.prefix.len());
+        if key[..common] != st.prefix[..common] {
+            return Ok(());
+        }
+        if e.kind == FileKind::Dir {
+            // Every key below sorts after `key`; skip the subtree if all of it is at or
+            // before start_after.
+            if key.as_slice() < st.start_after && !st.start_after.starts_with(&key) {
                 return Ok(());
             }
-            // Subtrees and keys that cannot match the prefix.
-            let common = key.len().min(st.prefix.len());
-            if key[..common] != st.prefix[..common] {
-                continue;
-            }
-            if e.kind == FileKind::Dir {
-                // Every key below sorts after `key`; skip the subtree if all of it is at or
-                // before start_after.
-                if key.as_slice() < st.start_after && !st.start_after.starts_with(&key) {
-                    continue;
-                }
-                if let Some(cp) = st.common_prefix_of(&key) {
-                    if self.dir_has_entries(e.ino)? && cp.as_slice() > st.start_after {
-                        st.emit_prefix(cp);
-                    }
-                    continue;
-                }
-                let saved = path.len();
-                path.extend_from_slice(&e.name);
-                path.push(b'/');
-                self.list_dir(caller, e.ino, path, st)?;
-                path.truncate(saved);
-                continue;
-            }
-            if e.kind != FileKind::File || key.as_slice() <= st.start_after || !key.starts_with(st.prefix) {
-                continue;
-            }
             if let Some(cp) = st.common_prefix_of(&key) {
-                if cp.as_slice() > st.start_after {
+                if self.dir_has_entries(e.ino)? && cp.as_slice() > st.start_after {
                     st.emit_prefix(cp);
                 }
-                continue;
+                return Ok(());
             }
-            let attr = match self.getattr(caller, e.ino) {
-                Ok(a) => a,
-                Err(Error::NotFound) => continue, // removed while listing
-                Err(err) => return Err(err),
-            };
-            st.emit_object(key, attr);
+            let saved = path.len();
+            path.extend_from_slice(&e.name);
+            path.push(b'/');
+            let r = self.list_dir(caller, e.ino, path, st);
+            path.truncate(saved);
+            return r;
+        }
+        if e.kind != FileKind::File || key.as_slice() <= st.start_after || !key.starts_with(st.prefix) {
+            return Ok(());
+        }
+        if let Some(cp) = st.common_prefix_of(&key) {
+            if cp.as_slice() > st.start_after {
+                st.emit_prefix(cp);
+            }
+            return Ok(());
+        }
+        match self.getattr(caller, e.ino) {
+            Ok(attr) => st.emit_object(key, attr),
+            Err(Error::NotFound) => {} // removed while listing
+            Err(err) => return Err(err),
         }
         Ok(())
     }

@@ -171,3 +171,89 @@ fn list_objects_matches_byte_order_with_prefix_delimiter_and_paging() {
         }
     }
 }
+
+/// The listing against a sorted model over random keys whose names extend one another with
+/// bytes on both sides of '/' ('-', '.', '0', 'a'), from random start_after values (not
+/// only ones a page returned), prefixes, delimiters and page sizes.
+#[test]
+fn list_objects_matches_a_model_from_any_start_after() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = move |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    const ALPHABET: &[u8] = b"ab-.0";
+    for round in 0..6 {
+        let dir = tempfile::tempdir().unwrap();
+        let e = open(dir.path());
+        let c = root();
+        let b = e.mkdir(&c, ROOT_INO, b"b", 0o755).unwrap();
+        let mut model: BTreeSet<Vec<u8>> = BTreeSet::new();
+        while model.len() < 60 {
+            let depth = 1 + rng(3);
+            let segs: Vec<Vec<u8>> = (0..depth).map(|_| (0..1 + rng(3)).map(|_| ALPHABET[rng(ALPHABET.len())]).collect()).collect();
+            if segs.iter().any(|s| s == b"." || s == b"..") {
+                continue;
+            }
+            let key = segs.join(&b'/');
+            // A name is a file or a directory, not both.
+            let clash = model.iter().any(|k| {
+                let (short, long) = if k.len() < key.len() { (k, &key) } else { (&key, k) };
+                short == long || (long.starts_with(short) && long[short.len()] == b'/')
+            });
+            if !clash {
+                put_object(&e, b.ino, std::str::from_utf8(&key).unwrap(), &key);
+                model.insert(key);
+            }
+        }
+        let random = |rng: &mut dyn FnMut(usize) -> usize, max_len: usize| -> Vec<u8> {
+            let alphabet = b"ab-.0/";
+            (0..rng(max_len + 1)).map(|_| alphabet[rng(alphabet.len())]).collect()
+        };
+        for query in 0..150 {
+            let prefix = if rng(3) == 0 { Vec::new() } else { random(&mut rng, 3) };
+            let start_after = if rng(4) == 0 { Vec::new() } else { random(&mut rng, 7) };
+            let delimiter: Option<&[u8]> = [None, Some(&b"/"[..]), Some(&b"-"[..]), Some(&b"a/"[..])][rng(4)];
+            let page = [1, 2, 7, 1000][rng(4)];
+            let mut want: Vec<(bool, Vec<u8>)> = Vec::new();
+            for k in model.iter().filter(|k| k.starts_with(&prefix) && **k > start_after) {
+                let rest = &k[prefix.len()..];
+                let cp = delimiter.and_then(|d| rest.windows(d.len()).position(|w| w == d).map(|i| k[..prefix.len() + i + d.len()].to_vec()));
+                match cp {
+                    Some(cp) if cp <= start_after => {}
+                    Some(cp) => {
+                        if want.last() != Some(&(true, cp.clone())) {
+                            want.push((true, cp));
+                        }
+                    }
+                    None => want.push((false, k.clone())),
+                }
+            }
+            let mut got: Vec<(bool, Vec<u8>)> = Vec::new();
+            let mut after = start_after.clone();
+            loop {
+                let p = e.list_objects(&c, b.ino, &prefix, delimiter, &after, page).unwrap();
+                assert!(p.objects.len() + p.common_prefixes.len() <= page);
+                let mut entries: Vec<(bool, Vec<u8>)> = p.objects.iter().map(|o| (false, o.key.clone())).collect();
+                entries.extend(p.common_prefixes.iter().map(|cp| (true, cp.clone())));
+                entries.sort_by(|x, y| x.1.cmp(&y.1));
+                got.extend(entries);
+                match p.next_start_after {
+                    Some(a) => after = a,
+                    None => break,
+                }
+            }
+            let show = |v: &[(bool, Vec<u8>)]| v.iter().map(|(cp, k)| format!("{}{}", if *cp { "cp:" } else { "" }, String::from_utf8_lossy(k))).collect::<Vec<_>>();
+            assert_eq!(
+                show(&got),
+                show(&want),
+                "round {round} query {query}: prefix {:?} start_after {:?} delimiter {:?} page {page}",
+                String::from_utf8_lossy(&prefix),
+                String::from_utf8_lossy(&start_after),
+                delimiter.map(String::from_utf8_lossy)
+            );
+        }
+    }
+}
