@@ -119,6 +119,13 @@ pub enum Command {
         #[command(subcommand)]
         cmd: Option<SharesCmd>,
     },
+    /// SFTP settings: per-user chroots.
+    Sftp {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(subcommand)]
+        cmd: SftpCmd,
+    },
     /// The audit log: every portal operation and refusal, residency changes.
     Audit {
         #[command(flatten)]
@@ -199,6 +206,33 @@ pub enum ExportsCmd {
     },
     /// Remove an export added with `add` (by id or path); clients using it are refused.
     Rm { export: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SftpCmd {
+    /// Per-user chroots: the directory a user's SFTP sessions see as `/` (default: list).
+    Chroot {
+        #[command(subcommand)]
+        cmd: Option<ChrootCmd>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ChrootCmd {
+    /// List users with an SFTP chroot.
+    List,
+    /// Confine USER's SFTP sessions to PATH (an existing directory) from their next login.
+    Set {
+        // Not `user`: that id is the global --user of the connection.
+        #[arg(value_name = "USER")]
+        name: String,
+        path: String,
+    },
+    /// Lift USER's chroot: their next login sees the whole namespace (as their permissions allow).
+    Rm {
+        #[arg(value_name = "USER")]
+        name: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -420,6 +454,7 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::Residency { conn, cmd } => residency(&Client::new(&conn)?, cmd),
         Command::Exports { conn, cmd } => exports(&Client::new(&conn)?, cmd.unwrap_or(ExportsCmd::List)),
         Command::Shares { conn, cmd } => shares(&Client::new(&conn)?, cmd.unwrap_or(SharesCmd::List)),
+        Command::Sftp { conn, cmd: SftpCmd::Chroot { cmd } } => chroots(&Client::new(&conn)?, cmd.unwrap_or(ChrootCmd::List)),
         Command::Audit { conn, after, limit } => {
             let c = Client::new(&conn)?;
             let v = c.call(Method::GET, &format!("/audit?after={after}&limit={limit}"), None, "read the audit log")?;
@@ -1199,6 +1234,34 @@ fn shares(c: &Client, cmd: SharesCmd) -> Result<()> {
         }
         SharesCmd::Rm { name } => {
             c.call(Method::DELETE, &format!("/shares/{}", enc(&name)), None, &format!("remove share {name}"))?;
+            Ok(())
+        }
+    }
+}
+
+// ------------------------------------------------------------------ SFTP chroots
+
+fn print_chroot(e: &Value) {
+    println!("{:<20} {}", s(e, "user"), s(e, "path"));
+}
+
+fn chroots(c: &Client, cmd: ChrootCmd) -> Result<()> {
+    match cmd {
+        ChrootCmd::List => {
+            let v = c.call(Method::GET, "/sftp/chroots", None, "list SFTP chroots")?;
+            c.print(&v, |v| {
+                println!("{:<20} PATH", "USER");
+                for e in items(v) {
+                    print_chroot(e);
+                }
+            })
+        }
+        ChrootCmd::Set { name, path } => {
+            let v = c.call(Method::PUT, &format!("/sftp/chroots/{}", enc(&name)), Some(json!({ "path": path })), &format!("set the SFTP chroot of {name} to {path}"))?;
+            c.print(&v, print_chroot)
+        }
+        ChrootCmd::Rm { name } => {
+            c.call(Method::DELETE, &format!("/sftp/chroots/{}", enc(&name)), None, &format!("remove the SFTP chroot of {name}"))?;
             Ok(())
         }
     }

@@ -206,6 +206,73 @@ impl Engine {
     }
 }
 
+/// Settings namespace of per-user SFTP chroots: key = user name, value = the normalised
+/// absolute path (UTF-8) of the directory that user's SFTP sessions see as `/`. The admin API
+/// writes it and the SFTP service reads it at each session start; it is kept here, with its
+/// checks, because neither of those crates may depend on the other (DESIGN.md §2).
+pub const SFTP_CHROOT_SETTING: &str = "sftp.chroot";
+
+/// `path` with `.`, `..` and repeated or trailing `/` taken out lexically; `..` at the root
+/// stays at the root. Only absolute paths are accepted.
+fn normalise_absolute(path: &str) -> Result<String> {
+    if !path.starts_with('/') {
+        return Err(Error::InvalidArgument(format!("{path:?} is not an absolute path")));
+    }
+    if path.contains('\0') {
+        return Err(Error::InvalidArgument("a path must not contain NUL".into()));
+    }
+    let mut comps: Vec<&str> = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                comps.pop();
+            }
+            c => comps.push(c),
+        }
+    }
+    Ok(format!("/{}", comps.join("/")))
+}
+
+impl Engine {
+    /// Confines `user`'s SFTP sessions to the directory at `path` (admin only) and returns the
+    /// path as stored, normalised. `NotFound` when there is no such user or no such path,
+    /// `NotDir` when the path (which is resolved without following symlinks) is not a
+    /// directory, `InvalidArgument` when it is not absolute; nothing is changed then. Sessions
+    /// already open keep the root they started with; the next login gets the new one.
+    pub fn sftp_chroot_set(&self, caller: &Caller, user: &str, path: &str) -> Result<String> {
+        require_admin(caller)?;
+        self.get_user(caller, user)?;
+        let norm = normalise_absolute(path)?;
+        if self.resolve(&Caller::system(), &norm)?.kind != FileKind::Dir {
+            return Err(Error::NotDir);
+        }
+        self.setting_put(caller, SFTP_CHROOT_SETTING, user, norm.as_bytes())?;
+        Ok(norm)
+    }
+
+    /// Lifts `user`'s SFTP chroot (admin only); `NotFound` when none was set. The user need not
+    /// exist any more.
+    pub fn sftp_chroot_remove(&self, caller: &Caller, user: &str) -> Result<()> {
+        self.setting_delete(caller, SFTP_CHROOT_SETTING, user)
+    }
+
+    /// `user`'s SFTP chroot, if an admin set one.
+    pub fn sftp_chroot(&self, user: &str) -> Result<Option<String>> {
+        self.setting_get(SFTP_CHROOT_SETTING, user)?
+            .map(|v| String::from_utf8(v).map_err(|_| Error::Corrupt("SFTP chroot setting is not UTF-8".into())))
+            .transpose()
+    }
+
+    /// Every SFTP chroot as (user, path), by user name.
+    pub fn sftp_chroots(&self) -> Result<Vec<(String, String)>> {
+        self.settings_list(SFTP_CHROOT_SETTING)?
+            .into_iter()
+            .map(|(k, v)| Ok((k, String::from_utf8(v).map_err(|_| Error::Corrupt("SFTP chroot setting is not UTF-8".into()))?)))
+            .collect()
+    }
+}
+
 fn require_admin(caller: &Caller) -> Result<()> {
     if caller.role >= Role::Admin { Ok(()) } else { Err(Error::PermissionDenied) }
 }
@@ -239,5 +306,15 @@ mod tests {
         assert!(setting_key("a", "").is_err());
         assert!(setting_key("a", &"x".repeat(256)).is_err());
         assert!(setting_key("portal", "p1").is_ok());
+    }
+
+    #[test]
+    fn chroot_paths_are_normalised_and_must_be_absolute() {
+        for (given, stored) in [("/", "/"), ("/home/./jail/", "/home/jail"), ("//a//b", "/a/b"), ("/a/../../b/..", "/"), ("/a/b/../c", "/a/c")] {
+            assert_eq!(normalise_absolute(given).unwrap(), stored, "{given}");
+        }
+        for bad in ["", "home", "./home", "../x", "/a\0b"] {
+            assert!(normalise_absolute(bad).is_err(), "{bad:?}");
+        }
     }
 }

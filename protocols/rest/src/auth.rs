@@ -5,7 +5,9 @@ use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 use base64_decode::decode_base64;
-use storage_engine::{Caller, Role};
+use std::sync::Arc;
+
+use storage_engine::{Caller, Engine, Role};
 
 use crate::AppState;
 use crate::error::ApiError;
@@ -69,6 +71,31 @@ where
             Err(ApiError::internal("internal error"))
         }
     }
+}
+
+/// Runs an admin change on the blocking pool and records it in the audit log as `action` on
+/// `target` over `rest`, whatever its outcome: `ok`, or the refusal's message. A caller below
+/// admin is refused with 403 before anything runs or is recorded.
+pub(crate) async fn audited<T: Send + 'static>(
+    engine: Arc<Engine>,
+    caller: Caller,
+    action: &'static str,
+    target: String,
+    f: impl FnOnce(&Caller) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    if caller.role < Role::Admin {
+        return Err(ApiError::forbidden());
+    }
+    blocking(move || {
+        let r = f(&caller);
+        let outcome = match &r {
+            Ok(_) => "ok",
+            Err(e) => e.message.as_str(),
+        };
+        engine.audit(&caller.user, "rest", action, &target, outcome)?;
+        Ok(r)
+    })
+    .await?
 }
 
 mod base64_decode {

@@ -10,6 +10,7 @@
 
 mod admin;
 mod auth;
+pub mod chroots;
 mod error;
 pub mod exports;
 mod extract;
@@ -81,6 +82,7 @@ fn routes() -> Routes {
     let r = portals::routes(r);
     let r = exports::routes(r);
     let r = shares::routes(r);
+    let r = chroots::routes(r);
     r.on(Method::GET, "/api/v1/openapi.json", openapi::get_openapi)
 }
 

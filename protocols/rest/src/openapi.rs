@@ -220,6 +220,7 @@ fn operations() -> Vec<Op> {
     .chain(crate::portals::operations())
     .chain(crate::exports::operations())
     .chain(crate::shares::operations())
+    .chain(crate::chroots::operations())
     .collect()
 }
 

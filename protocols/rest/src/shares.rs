@@ -126,8 +126,7 @@ async fn get_share(State(st): State<AppState>, auth: Auth, Path(name): Path<Stri
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no share {name}")))
 }
 
-/// Runs a change of the table on the blocking pool as an admin, recording it in the audit log
-/// whatever its outcome.
+/// Runs a change of the table as an admin, recorded in the audit log whatever its outcome.
 async fn change<T: Send + 'static>(
     st: &AppState,
     caller: Caller,
@@ -138,14 +137,8 @@ async fn change<T: Send + 'static>(
     if caller.role < Role::Admin {
         return Err(ApiError::forbidden());
     }
-    let (t, engine) = (table(st)?, st.engine.clone());
-    blocking(move || {
-        let r = f(t.as_ref(), &caller);
-        engine.audit(&caller.user, "rest", action, &target, r.as_ref().map_or_else(|(_, m)| m.as_str(), |_| "ok"))?;
-        Ok(r)
-    })
-    .await?
-    .map_err(failure)
+    let t = table(st)?;
+    crate::auth::audited(st.engine.clone(), caller, action, target, move |c| f(t.as_ref(), c).map_err(failure)).await
 }
 
 async fn add_share(State(st): State<AppState>, Auth(caller): Auth, JsonBody(new): JsonBody<NewShare>) -> ApiResult<(StatusCode, Json<ShareView>)> {

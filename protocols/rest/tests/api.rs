@@ -611,7 +611,7 @@ async fn request_limits_and_error_format() {
 
 /// Sample values for path parameters when probing every documented route.
 fn sample_path(p: &str) -> String {
-    p.replace("{path}", "probe/file.txt").replace("{index}", "99").replace("{id}", "999999").replace("{name}", "nobody")
+    p.replace("{path}", "probe/file.txt").replace("{index}", "99").replace("{id}", "999999").replace("{name}", "nobody").replace("{user}", "nobody")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -720,5 +720,87 @@ async fn s3_and_ssh_keys_are_managed_per_user() {
     assert_eq!(keys.as_array().unwrap().len(), 1);
     let res = s.as_user(Method::DELETE, &format!("/users/dana/ssh-keys/{id}"), "dana", "dana-password").send().await.unwrap();
     assert_eq!(res.status(), 204);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sftp_chroots_are_set_listed_removed_and_validated() {
+    let s = start().await;
+    create_user(&s, "alice", "alice-password", "user").await;
+    create_user(&s, "olga", "olga-password", "operator").await;
+    s.admin_json(Method::POST, "/dirs/home/alice?parents=true", None).await;
+    s.put_file("/home/notes.txt", b"not a directory".to_vec()).await;
+    assert_eq!(s.admin_json(Method::GET, "/sftp/chroots", None).await, json!([]));
+
+    // Set: stored normalised, in the setting the SFTP service reads at each login.
+    let v = s.admin_json(Method::PUT, "/sftp/chroots/alice", Some(json!({ "path": "/home/./alice/" }))).await;
+    assert_eq!(v, json!({ "user": "alice", "path": "/home/alice" }));
+    let stored = s.engine.sftp_chroot("alice").unwrap();
+    assert_eq!(stored.as_deref(), Some("/home/alice"));
+    assert_eq!(s.admin_json(Method::GET, "/sftp/chroots/alice", None).await, json!({ "user": "alice", "path": "/home/alice" }));
+    assert_eq!(s.admin_json(Method::GET, "/sftp/chroots", None).await, json!([{ "user": "alice", "path": "/home/alice" }]));
+    // Setting it again replaces it.
+    let v = s.admin_json(Method::PUT, "/sftp/chroots/alice", Some(json!({ "path": "/home/alice/../" }))).await;
+    assert_eq!(v["path"], "/home");
+
+    // Bad input: a clear 4xx, and nothing changes.
+    for (user, body, status, needle) in [
+        ("alice", json!({ "path": "home/alice" }), 400, "absolute"),
+        ("alice", json!({ "path": "" }), 400, "absolute"),
+        ("alice", json!({ "path": "/nowhere" }), 404, "/nowhere does not exist"),
+        ("alice", json!({ "path": "/home/notes.txt" }), 400, "not a directory"),
+        ("alice", json!({ "path": "/home/notes.txt/below" }), 400, "not a directory"),
+        ("nobody", json!({ "path": "/home" }), 404, "no user nobody"),
+        ("alice", json!({ "dir": "/home" }), 422, "dir"),
+        ("alice", json!({ "path": 7 }), 422, "path"),
+    ] {
+        let res = s.admin(Method::PUT, &format!("/sftp/chroots/{user}")).json(&body).send().await.unwrap();
+        let status_got = res.status().as_u16();
+        let text = res.text().await.unwrap();
+        assert_eq!(status_got, status, "{user} {body}: {text}");
+        assert!(text.contains(needle), "{user} {body}: {text}");
+    }
+    assert_eq!(s.admin_json(Method::GET, "/sftp/chroots", None).await, json!([{ "user": "alice", "path": "/home" }]));
+    let res = s.admin(Method::GET, "/sftp/chroots/olga").send().await.unwrap();
+    assert_eq!(res.status(), 404);
+
+    // Only admins: users and operators are refused and change nothing; no credentials is 401.
+    for (who, password) in [("alice", "alice-password"), ("olga", "olga-password")] {
+        for (method, path) in [(Method::GET, "/sftp/chroots"), (Method::GET, "/sftp/chroots/alice"), (Method::DELETE, "/sftp/chroots/alice")] {
+            let res = s.as_user(method.clone(), path, who, password).send().await.unwrap();
+            assert_eq!(res.status(), 403, "{who} {method} {path}");
+        }
+        let res = s.as_user(Method::PUT, &format!("/sftp/chroots/{who}"), who, password).json(&json!({ "path": "/" })).send().await.unwrap();
+        assert_eq!(res.status(), 403, "{who} PUT");
+    }
+    let res = s.anon(Method::PUT, "/sftp/chroots/alice").json(&json!({ "path": "/" })).send().await.unwrap();
+    assert_eq!(res.status(), 401);
+    assert_eq!(s.admin_json(Method::GET, "/sftp/chroots", None).await, json!([{ "user": "alice", "path": "/home" }]));
+    assert_eq!(s.engine.sftp_chroot("olga").unwrap(), None);
+
+    // Delete lifts it; deleting again is 404.
+    let res = s.admin(Method::DELETE, "/sftp/chroots/alice").send().await.unwrap();
+    assert_eq!(res.status(), 204);
+    assert_eq!(s.engine.sftp_chroot("alice").unwrap(), None);
+    let res = s.admin(Method::DELETE, "/sftp/chroots/alice").send().await.unwrap();
+    assert_eq!(res.status(), 404);
+    assert!(res.text().await.unwrap().contains("has no SFTP chroot"));
+    assert_eq!(s.admin_json(Method::GET, "/sftp/chroots", None).await, json!([]));
+
+    // Every change and refusal by an admin is in the audit log, with its outcome.
+    let audit = s.admin_json(Method::GET, "/audit?after=0&limit=1000", None).await;
+    let recs: Vec<(String, String, String)> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"].as_str().unwrap().starts_with("sftp.chroot."))
+        .map(|r| (r["action"].as_str().unwrap().to_string(), r["target"].as_str().unwrap().to_string(), r["outcome"].as_str().unwrap().to_string()))
+        .collect();
+    let set_ok = recs.iter().filter(|(a, _, o)| a == "sftp.chroot.set" && o == "ok").count();
+    assert_eq!(set_ok, 2, "{recs:?}");
+    assert!(recs.iter().any(|(a, t, o)| a == "sftp.chroot.set" && t.contains("/nowhere") && o.contains("does not exist")), "{recs:?}");
+    assert!(recs.iter().any(|(a, t, o)| a == "sftp.chroot.set" && t.starts_with("nobody") && o.contains("no user")), "{recs:?}");
+    assert!(recs.iter().any(|(a, t, o)| a == "sftp.chroot.remove" && t == "alice" && o == "ok"), "{recs:?}");
+    assert!(recs.iter().all(|(_, t, _)| !t.starts_with("olga")), "refused non-admins change nothing and are not recorded as changes: {recs:?}");
     s.stop().await;
 }

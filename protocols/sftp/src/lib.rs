@@ -38,41 +38,25 @@ impl SftpOptions {
     }
 }
 
-/// Engine settings namespace of per-user SFTP chroots: key = user name, value = the absolute
-/// path (UTF-8) of the directory the user sees as `/`.
-pub const CHROOT_SETTING: &str = "sftp.chroot";
-
 /// Confines `user`'s SFTP sessions to the directory at `path` (`Some`), or lifts that
-/// (`None`). Admin only. The path must name an existing directory; it is stored normalised
-/// and resolved again at each session start (a session of a user whose chroot no longer
-/// resolves to a directory is refused). Sessions already open keep the root they started with.
+/// (`None`; no chroot is not an error). Admin only. The path must name an existing directory;
+/// it is stored normalised and resolved again at each session start (a session of a user
+/// whose chroot no longer resolves to a directory is refused). Sessions already open keep the
+/// root they started with. The admin API (`/api/v1/sftp/chroots`) writes the same setting
+/// through the same engine call.
 pub fn set_chroot(engine: &Engine, caller: &Caller, user: &str, path: Option<&str>) -> Result<(), Error> {
-    engine.caller_for_user(user)?;
     match path {
-        None => match engine.setting_delete(caller, CHROOT_SETTING, user) {
+        None => match engine.sftp_chroot_remove(caller, user) {
             Err(Error::NotFound) => Ok(()),
             r => r,
         },
-        Some(p) => {
-            if !p.starts_with('/') {
-                return Err(Error::InvalidArgument("an SFTP chroot must be an absolute path".into()));
-            }
-            let norm = session::join(&session::components(p));
-            let a = engine.resolve(&Caller::system(), &norm)?;
-            if a.kind != FileKind::Dir {
-                return Err(Error::NotDir);
-            }
-            engine.setting_put(caller, CHROOT_SETTING, user, norm.as_bytes())
-        }
+        Some(p) => engine.sftp_chroot_set(caller, user, p).map(drop),
     }
 }
 
 /// `user`'s SFTP chroot, if an admin set one.
 pub fn chroot_of(engine: &Engine, user: &str) -> Result<Option<String>, Error> {
-    match engine.setting_get(CHROOT_SETTING, user)? {
-        None => Ok(None),
-        Some(v) => String::from_utf8(v).map(Some).map_err(|_| Error::Corrupt("SFTP chroot setting is not UTF-8".into())),
-    }
+    engine.sftp_chroot(user)
 }
 
 /// The directory a session of `caller` sees as `/`.
