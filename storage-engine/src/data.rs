@@ -263,6 +263,8 @@ pub(crate) struct DataStore {
     pub drive_errors_max: u64,
     /// Bit i: drive i has writes that were not fdatasynced yet.
     dirty: AtomicU64,
+    /// Drive syncs, shared by concurrent durable operations.
+    drive_sync: crate::group_sync::GroupSync,
 }
 
 fn round_up_block(n: u64) -> u64 {
@@ -280,6 +282,7 @@ impl DataStore {
             pending_free: Mutex::new((0, std::collections::VecDeque::new())),
             drive_errors_max: 16,
             dirty: AtomicU64::new(0),
+            drive_sync: Default::default(),
         }
     }
 
@@ -463,7 +466,14 @@ impl DataStore {
 
     /// fdatasyncs every drive written since its last sync, in parallel. Data written by
     /// unstable flushes becomes durable here, before the metadata that names it is synced.
+    /// Makes every write that finished before this call durable. Concurrent callers share
+    /// one round of syncs; a caller never returns on the strength of a round that started
+    /// before its writes finished (it would if it only saw the dirty bits already taken).
     pub fn sync_dirty(&self) -> Result<()> {
+        self.drive_sync.sync(|| self.sync_dirty_now())
+    }
+
+    fn sync_dirty_now(&self) -> Result<()> {
         let bits = self.dirty.swap(0, Ordering::AcqRel);
         if bits == 0 {
             return Ok(());

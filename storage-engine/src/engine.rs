@@ -227,7 +227,8 @@ pub struct Engine {
     pub(crate) auth_cache: Mutex<HashMap<(String, [u8; 32]), (Caller, std::time::Instant)>>,
     pub(crate) closed: AtomicBool,
     sync_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    sync_lock: Mutex<()>,
+    /// Metadata log syncs, shared by concurrent durable operations.
+    wal_sync: crate::group_sync::GroupSync,
     pub(crate) cluster_uuid: [u8; 16],
     pub(crate) audit_seq: AtomicU64,
     pub(crate) remote: parking_lot::RwLock<Option<Arc<dyn crate::remote::RemoteSource>>>,
@@ -398,7 +399,7 @@ impl Engine {
             auth_cache: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             sync_thread: Mutex::new(None),
-            sync_lock: Mutex::new(()),
+            wal_sync: Default::default(),
             cluster_uuid,
             audit_seq: AtomicU64::new(audit_next),
             remote: parking_lot::RwLock::new(None),
@@ -905,22 +906,21 @@ impl Engine {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Unavailable("engine is shut down".into()));
         }
-        let mark = self.data.pending_mark();
         let (applied, freed) = {
             let _g = self.mutate.lock();
             let mut batch = WriteBatch::default();
             let mut freed = Vec::new();
             let applied = self.apply(&cmd, &mut batch, &mut freed)?;
-            let mut wo = WriteOptions::default();
-            wo.set_sync(durable);
-            self.db.write_opt(batch, &wo)?;
+            self.db.write(batch)?;
             (applied, freed)
         };
         for s in &freed {
             self.data.free_after_sync(s);
         }
+        // Durable commands sync the log after the mutation lock is released, so concurrent
+        // ones share a sync (group commit) instead of queueing behind each other's.
         if durable {
-            self.data.release_pending(mark);
+            self.sync_metadata()?;
         }
         for e in applied.events {
             let _ = self.events.send(e);
@@ -929,12 +929,14 @@ impl Engine {
     }
 
     /// Makes all committed metadata durable and releases freed blocks.
+    /// Concurrent callers share one log sync.
     pub fn sync_metadata(&self) -> Result<()> {
-        let _g = self.sync_lock.lock();
-        let mark = self.data.pending_mark();
-        self.db.flush_wal(true)?;
-        self.data.release_pending(mark);
-        Ok(())
+        self.wal_sync.sync(|| {
+            let mark = self.data.pending_mark();
+            self.db.flush_wal(true)?;
+            self.data.release_pending(mark);
+            Ok(())
+        })
     }
 
     fn start_sync_thread(self: &Arc<Self>) {

@@ -8,6 +8,7 @@ mod data;
 pub mod ec;
 mod engine;
 mod error;
+mod group_sync;
 mod identity;
 mod jobs;
 mod objects;

@@ -198,11 +198,11 @@ impl Engine {
             let old = self.db.get_cf(self.cf(CF_UPLOADS), part_key(id, number))?.map(|v| decode_part(&v)).transpose()?;
             let mut batch = WriteBatch::default();
             batch.put_cf(self.cf(CF_UPLOADS), part_key(id, number), encode_part(&p));
-            let mut wo = WriteOptions::default();
-            wo.set_sync(true);
-            self.db.write_opt(batch, &wo)?;
+            self.db.write(batch)?;
             old
         };
+        // Synced outside the lock, so that parts finishing together share the sync.
+        self.sync_metadata()?;
         if let Some(old) = old {
             self.abort_put(caller, old.ino)?;
         }

@@ -637,12 +637,13 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Publishes a staged file under `key` after making its data durable and recording its
-/// ETag and metadata. If the key's directory vanished meanwhile (pruned by a concurrent
+/// Publishes a staged file under `key` after recording its ETag and metadata. The data is
+/// written out first (so the recorded size and time are final) but made durable only by
+/// the publish itself, which syncs data and metadata once. If the key's directory vanished meanwhile (pruned by a concurrent
 /// delete), it is made again once.
 #[allow(clippy::too_many_arguments)] // one staged object and everything published with it
 fn publish(engine: &Engine, caller: &Caller, bucket: Ino, key: &str, ino: Ino, etag: &str, meta: &ObjectMeta, tags: &[(String, String)]) -> S3Result<Attr> {
-    engine.commit(caller, ino).map_err(|e| map_err(e, Missing::Key))?;
+    engine.close(caller, ino).map_err(|e| map_err(e, Missing::Key))?;
     let staged = engine.getattr(caller, ino).map_err(|e| map_err(e, Missing::Key))?;
     save_etag(engine, ino, etag, &staged).map_err(|e| map_err(e, Missing::Key))?;
     write_object_xattrs(engine, caller, ino, meta, tags)?;
