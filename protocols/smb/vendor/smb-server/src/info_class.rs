@@ -55,8 +55,11 @@ pub fn encode_file_basic_information(info: &FileInfo) -> Vec<u8> {
 // FileStandardInformation (MS-FSCC §2.4.41) - 24 bytes
 // ---------------------------------------------------------------------------
 
-/// `links` is NumberOfLinks. DeletePending is set when `delete_pending` is
-/// or no link is left (MS-FSA 2.1.5.12.27).
+/// `links` is the file's link count. NumberOfLinks leaves out the link being
+/// deleted when `delete_pending` (MS-FSA 2.1.5.12.27 counts the links not
+/// marked deleted; Samba does the same, and the Linux client shows it as
+/// st_nlink, which POSIX wants 0 for an unlinked file still open).
+/// DeletePending is set when `delete_pending` is or no link is left.
 pub fn encode_file_standard_information(
     info: &FileInfo,
     links: u32,
@@ -65,6 +68,7 @@ pub fn encode_file_standard_information(
     let mut out = Vec::with_capacity(24);
     out.extend_from_slice(&info.allocation_size.to_le_bytes());
     out.extend_from_slice(&info.end_of_file.to_le_bytes());
+    let links = if delete_pending { links.saturating_sub(1) } else { links };
     out.extend_from_slice(&links.to_le_bytes());
     out.push(u8::from(delete_pending || links == 0));
     out.push(if info.is_directory { 1 } else { 0 }); // Directory
@@ -426,9 +430,13 @@ mod tests {
         let bytes = encode_file_standard_information(&fake_info(), 3, false);
         assert_eq!(bytes[16..20], 3u32.to_le_bytes());
         assert_eq!(bytes[20], 0);
+        let pending = encode_file_standard_information(&fake_info(), 1, true);
+        assert_eq!(pending[20], 1);
+        // The link being deleted is not counted.
+        assert_eq!(pending[16..20], 0u32.to_le_bytes());
         assert_eq!(
-            encode_file_standard_information(&fake_info(), 1, true)[20],
-            1
+            encode_file_standard_information(&fake_info(), 3, true)[16..20],
+            2u32.to_le_bytes()
         );
         // No link left: the file is being deleted.
         assert_eq!(
