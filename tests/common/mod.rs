@@ -1,6 +1,8 @@
 //! Starts and stops real `aquifer serve` daemons for end-to-end tests.
 #![allow(dead_code)]
 
+pub mod guest;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

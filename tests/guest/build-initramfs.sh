@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Assembles the guest that runs the Linux kernel NFS client: OUT/vmlinuz and
+# Assembles the guest that runs the Linux kernel NFS and CIFS clients: OUT/vmlinuz and
 # OUT/initramfs.cpio.gz, from Debian's cloud kernel, busybox-static and (when built and
 # not refused with --no-pjdfstest) pjdfstest. Takes a few seconds; tests/guest/setup.sh
 # installs the inputs.
@@ -21,13 +21,16 @@ command -v qemu-system-x86_64 >/dev/null || need qemu-system-x86_64
 [[ -x /bin/busybox ]] || need busybox-static
 command -v cpio >/dev/null || need cpio
 
-# The newest installed kernel that has the NFSv3 client as a module and a vmlinuz to boot.
+# The newest installed kernel that has the NFSv3 and SMB clients as modules and a vmlinuz to
+# boot (Debian's cloud kernel has both; cifs.ko lives in fs/smb/client from 6.1 on, fs/cifs
+# before).
 kver=""
 for d in $(ls -d /lib/modules/*/ 2>/dev/null | sort -V); do
     v=$(basename "$d")
-    if [[ -e /boot/vmlinuz-$v ]] && ls "$d"kernel/fs/nfs/nfsv3.ko* >/dev/null 2>&1; then kver=$v; fi
+    if [[ -e /boot/vmlinuz-$v ]] && ls "$d"kernel/fs/nfs/nfsv3.ko* >/dev/null 2>&1 \
+        && { ls "$d"kernel/fs/smb/client/cifs.ko* || ls "$d"kernel/fs/cifs/cifs.ko*; } >/dev/null 2>&1; then kver=$v; fi
 done
-[[ -n "$kver" ]] || need "a kernel with nfsv3.ko (linux-image-cloud-amd64)"
+[[ -n "$kver" ]] || need "a kernel with nfsv3.ko and cifs.ko (linux-image-cloud-amd64)"
 
 mkdir -p "$out"
 stage=$(mktemp -d)
@@ -40,10 +43,12 @@ for applet in $("$stage/bin/busybox" --list); do
     [[ "$applet" == busybox ]] || ln -sf busybox "$stage/bin/$applet"
 done
 
-# Modules in dependency order, decompressed (busybox insmod takes plain .ko files).
+# Modules in dependency order, decompressed (busybox insmod takes plain .ko files). The guest
+# has no modprobe for the kernel to call, so the ciphers cifs.ko asks for at run time (its
+# softdeps: SMB 3.1.1 signing and encryption) are loaded up front; built-in ones list nothing.
 : >"$stage/etc/modules.order"
 seen=" "
-for m in virtio_pci virtio_net nfsv3; do
+for m in virtio_pci virtio_net nfsv3 ecb cmac ctr ccm ghash_generic gcm sha512_generic cifs; do
     while read -r verb path _; do
         [[ "$verb" == insmod ]] || continue
         base=$(basename "$path"); base=${base%.xz}; base=${base%.zst}; base=${base%.gz}
@@ -83,8 +88,14 @@ if ((with_pjdfstest)); then
     pjd="$guest_dir/pjdfstest/bin/pjdfstest"
     [[ -x "$pjd" ]] || need "$pjd"
     install -m 0755 "$pjd" "$stage/bin/pjdfstest"
-    # Its shared libraries at the paths the dynamic loader looks for them.
-    for lib in $(ldd "$pjd" | grep -o '/[^ ]*'); do
+    # The etxtbsy cases copy `which sleep` under another name and run the copy while they
+    # open it for writing. A copy of busybox does not know its new name and exits at once,
+    # which races the check; the host's sleep (coreutils) sleeps.
+    sleep_bin=$(command -v sleep)
+    rm -f "$stage/bin/sleep"
+    install -m 0755 "$sleep_bin" "$stage/bin/sleep"
+    # Their shared libraries at the paths the dynamic loader looks for them.
+    for lib in $( (ldd "$pjd"; ldd "$sleep_bin") | grep -o '/[^ ]*' | sort -u); do
         mkdir -p "$stage$(dirname "$lib")"
         cp -L "$lib" "$stage$lib"
     done

@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# Runs pjdfstest through the Linux kernel NFSv3 client in a QEMU guest against a fresh
-# Aquifer daemon (or, for comparison, nfs-ganesha's VFS backend on a temporary directory),
-# and prints pass/fail counts and the names of the failing tests.
+# Runs pjdfstest through the Linux kernel NFSv3 client (--fs nfs, the default) or SMB 3.1.1
+# client (--fs cifs) in a QEMU guest against a fresh Aquifer daemon (or, for comparison,
+# nfs-ganesha's VFS backend or stock Samba's smbd on a temporary directory), and prints
+# pass/fail counts and the names of the failing tests.
 #
-#   tests/guest/pjdfstest.sh [--server aquifer|ganesha] [--log FILE] [PATTERN...]
+#   tests/guest/pjdfstest.sh [--fs nfs|cifs] [--server aquifer|ganesha|samba] [--log FILE] [PATTERN...]
 #
-# Needs tests/guest/setup.sh (and for ganesha: apt nfs-ganesha nfs-ganesha-vfs rpcbind) and
-# a build of the workspace (the daemon is $AQUIFER_BIN, default
-# /var/cache/aquifer-target/debug/aquifer). Results are recorded in docs/nfs-kernel-client.md.
+# Needs tests/guest/setup.sh (for ganesha: apt nfs-ganesha nfs-ganesha-vfs rpcbind; for samba:
+# apt samba) and a build of the workspace (the daemon is $AQUIFER_BIN, default
+# /var/cache/aquifer-target/debug/aquifer). Results are recorded in docs/nfs-kernel-client.md
+# and, for CIFS, docs/smb-conformance.md (scripts/pjdfstest-cifs.sh runs both CIFS servers).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 guest_dir=${AQUIFER_GUEST_DIR:-/var/cache/aquifer-guest}
 bin=${AQUIFER_BIN:-/var/cache/aquifer-target/debug/aquifer}
 server=aquifer
+fs=nfs
 log=""
 while (($#)); do
     case "$1" in
+        --fs) fs=$2; shift 2 ;;
         --server) server=$2; shift 2 ;;
         --log) log=$2; shift 2 ;;
         *) break ;;
@@ -26,8 +30,9 @@ patterns=$(IFS=,; echo "$*")
 
 work=$(mktemp -d)
 server_pid=""
+pids=()
 cleanup() {
-    if [[ -n "$server_pid" ]]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+    for p in $server_pid "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -39,14 +44,15 @@ case "$server" in
 aquifer)
     AQUIFER_ADMIN_PASSWORD=pjdfstest-admin AQUIFER_LOG=${AQUIFER_LOG:-warn} "$bin" serve --data-dir "$work/data" \
         --drive-size 1GiB --rest 127.0.0.1:0 --s3 127.0.0.1:0 --nfs 127.0.0.1:0 --sftp 127.0.0.1:0 \
-        >"$work/daemon.out" 2>"$log.daemon" &
+        --smb 127.0.0.1:0 >"$work/daemon.out" 2>"$log.daemon" &
     server_pid=$!
     for _ in $(seq 600); do
         grep -q "^Aquifer is serving" "$work/daemon.out" 2>/dev/null && break
         kill -0 "$server_pid" 2>/dev/null || { cat "$log.daemon" >&2; exit 1; }
         sleep 0.1
     done
-    port=$(grep -o 'nfs://[^ ,]*' "$work/daemon.out" | sed 's/.*://')
+    port=$(grep -o "$([[ $fs == cifs ]] && echo smb || echo nfs)://[^ ,]*" "$work/daemon.out" | sed 's/.*://')
+    user=admin password=pjdfstest-admin
     export_path=/
     mountport=$port
     ;;
@@ -74,11 +80,29 @@ CONF
     done
     export_path=$work/export
     ;;
+samba)
+    [[ $fs == cifs ]] || { echo "samba serves --fs cifs only" >&2; exit 2; }
+    # shellcheck source=../../scripts/smb-peer.sh
+    . "$here/../../scripts/smb-peer.sh"
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    user=root password=pjdfstest-samba
+    start_samba "$work/samba" "$port" "$password"
+    for _ in $(seq 300); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        kill -0 "${pids[0]}" 2>/dev/null || { cat "$work/samba/smbd.out" >&2; exit 1; }
+        sleep 0.1
+    done
+    ;;
 *) echo "unknown server $server" >&2; exit 2 ;;
 esac
 
 start=$(date +%s)
-args="console=ttyS0 panic=-1 quiet aq.port=$port aq.mountport=$mountport aq.export=$export_path aq.mode=pjdfstest-run"
+if [[ $fs == cifs ]]; then
+    args="console=ttyS0 panic=-1 quiet aq.fs=cifs aq.port=$port aq.user=$user aq.pass=$password aq.mode=pjdfstest-run"
+    [[ -n "${CIFS_OPTS:-}" ]] && args="$args aq.cifsopts=$CIFS_OPTS"
+else
+    args="console=ttyS0 panic=-1 quiet aq.port=$port aq.mountport=$mountport aq.export=$export_path aq.mode=pjdfstest-run"
+fi
 [[ -n "$patterns" ]] && args="$args aq.args=$patterns"
 timeout 3600 qemu-system-x86_64 -accel tcg -m 1024 -smp 1 -nodefaults -no-reboot -display none \
     -monitor none -serial stdio -kernel "$guest_dir/pjdfstest-guest/vmlinuz" \
