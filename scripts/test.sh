@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-# The Linux kernel NFS client runs in a QEMU guest: kernel, busybox, pjdfstest (cached).
+# The Linux kernel NFS and SMB clients run in a QEMU guest (tests/nfs_kernel.rs,
+# tests/smb_kernel.rs): kernel, busybox, pjdfstest (cached).
 bash tests/guest/setup.sh
 # A fixed target directory outside the clone keeps RocksDB's 15-minute build warm.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/aquifer-target}"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Installs what the Linux-kernel NFS client guest needs (tests/nfs_kernel.rs,
-# tests/guest/pjdfstest.sh). Idempotent; needs root. Nothing lands in the repository:
-# everything built goes under $AQUIFER_GUEST_DIR (default /var/cache/aquifer-guest).
+# Installs what the Linux-kernel NFS and SMB client guest needs (tests/nfs_kernel.rs,
+# tests/smb_kernel.rs, tests/guest/pjdfstest.sh). Idempotent; needs root. Nothing lands in
+# the repository: everything built goes under $AQUIFER_GUEST_DIR (default
+# /var/cache/aquifer-guest).
 #
 #   qemu-system-x86        runs the guest with software emulation (TCG)
-#   linux-image-cloud-amd64 Debian's kernel and its modules (nfs, nfsv3, sunrpc, virtio_net)
+#   linux-image-cloud-amd64 Debian's kernel and its modules (nfs, nfsv3, sunrpc, cifs, virtio_net)
 #   busybox-static         the guest's userland
 #   libacl1-dev            pjdfstest links against libacl
 #
