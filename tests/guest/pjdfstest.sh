@@ -57,6 +57,7 @@ aquifer)
     mountport=$port
     ;;
 ganesha)
+    [[ $fs == nfs ]] || { echo "ganesha serves --fs nfs only" >&2; exit 2; }
     free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
     # Ganesha serves NFS and MOUNT on separate ports.
     port=$(free_port) mountport=$(free_port)
