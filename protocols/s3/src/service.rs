@@ -22,8 +22,9 @@ use crate::error::{Missing, internal, map_err};
 use crate::keys::{KeyForm, object_key, parse_key};
 use crate::meta::*;
 
-/// Upload bytes collected before one engine write call.
-pub const PUT_CHUNK_BYTES: usize = 1 << 20;
+/// Upload bytes collected before one engine write call (one full 4+2 stripe of 1 MiB
+/// shards). Two are held per upload at most: one being received, one being written.
+pub const PUT_CHUNK_BYTES: usize = 4 << 20;
 /// Largest piece read from the engine for a download (one full 4+2 stripe of 1 MiB shards).
 pub const READ_PIECE_BYTES_MAX: usize = 4 << 20;
 /// Download pieces read ahead of the client.
@@ -566,34 +567,59 @@ impl ChecksumCheck {
     }
 }
 
-/// Streams `body` into the staged file `ino` in [`PUT_CHUNK_BYTES`] writes, hashing as it
-/// goes. Returns (bytes, MD5).
+/// Streams `body` into the staged file `ino` in [`PUT_CHUNK_BYTES`] writes. Each piece is
+/// hashed (MD5) and written on the blocking pool while the next one is received, with one
+/// piece in flight, so receiving, hashing and erasure coding overlap. Returns (bytes, MD5).
 async fn write_body(engine: &Arc<Engine>, caller: &Caller, ino: Ino, body: StreamingBlob, check: &mut ChecksumCheck) -> S3Result<(u64, [u8; 16])> {
+    type Piece = tokio::task::JoinHandle<S3Result<Md5>>;
+    async fn landed(piece: Piece) -> S3Result<Md5> {
+        piece.await.map_err(|e| internal(format!("blocking task failed: {e}")))?
+    }
     let mut body = body;
-    let mut md5 = Md5::new();
+    let mut md5 = Some(Md5::new());
+    let mut in_flight: Option<Piece> = None;
     let mut buf: Vec<u8> = Vec::with_capacity(PUT_CHUNK_BYTES);
     let mut offset = 0u64;
     loop {
         let frame = body.next().await;
         let done = frame.is_none();
         if let Some(frame) = frame {
-            let bytes = frame.map_err(|e| err(S3ErrorCode::IncompleteBody, format!("read request body: {e}")))?;
-            md5.update(&bytes);
+            let bytes = match frame {
+                Ok(b) => b,
+                Err(e) => {
+                    // The piece in flight lands before the caller aborts the staged file.
+                    if let Some(p) = in_flight.take() {
+                        let _ = p.await;
+                    }
+                    return Err(err(S3ErrorCode::IncompleteBody, format!("read request body: {e}")));
+                }
+            };
             check.hasher.update(&bytes);
             buf.extend_from_slice(&bytes);
         }
         if buf.len() >= PUT_CHUNK_BYTES || (done && !buf.is_empty()) {
             let chunk = std::mem::replace(&mut buf, Vec::with_capacity(PUT_CHUNK_BYTES));
-            let len = chunk.len() as u64;
-            let (engine, c) = (engine.clone(), caller.clone());
-            blocking(move || engine.write(&c, ino, offset, &chunk, Stability::Unstable).map_err(|e| map_err(e, Missing::Key))).await?;
-            offset += len;
+            let mut h = match in_flight.take() {
+                Some(p) => landed(p).await?,
+                None => md5.take().expect("the hasher is here when no piece is in flight"),
+            };
+            let (engine, c, at) = (engine.clone(), caller.clone(), offset);
+            offset += chunk.len() as u64;
+            in_flight = Some(tokio::task::spawn_blocking(move || {
+                h.update(&chunk);
+                engine.write(&c, ino, at, &chunk, Stability::Unstable).map_err(|e| map_err(e, Missing::Key))?;
+                Ok(h)
+            }));
         }
         if done {
             break;
         }
     }
-    Ok((offset, md5.finalize().into()))
+    let h = match in_flight {
+        Some(p) => landed(p).await?,
+        None => md5.expect("the hasher is here when no piece is in flight"),
+    };
+    Ok((offset, h.finalize().into()))
 }
 
 fn check_content_md5(content_md5: Option<&str>, md5: &[u8; 16]) -> S3Result<()> {
