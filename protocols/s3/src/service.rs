@@ -567,17 +567,19 @@ impl ChecksumCheck {
     }
 }
 
-/// Streams `body` into the staged file `ino` in [`PUT_CHUNK_BYTES`] writes. Each piece is
-/// hashed (MD5) and written on the blocking pool while the next one is received, with one
-/// piece in flight, so receiving, hashing and erasure coding overlap. Returns (bytes, MD5).
+/// Streams `body` into the staged file `ino` in [`PUT_CHUNK_BYTES`] writes. Receiving,
+/// hashing (MD5, which runs at about one core's worth of a fast link) and writing (erasure
+/// coding, drive I/O) overlap: each piece is hashed and written by two tasks on the blocking
+/// pool while the next one is received, one piece in flight for each. Returns (bytes, MD5).
 async fn write_body(engine: &Arc<Engine>, caller: &Caller, ino: Ino, body: StreamingBlob, check: &mut ChecksumCheck) -> S3Result<(u64, [u8; 16])> {
-    type Piece = tokio::task::JoinHandle<S3Result<Md5>>;
-    async fn landed(piece: Piece) -> S3Result<Md5> {
-        piece.await.map_err(|e| internal(format!("blocking task failed: {e}")))?
+    use tokio::task::JoinHandle;
+    async fn joined<T>(t: JoinHandle<S3Result<T>>) -> S3Result<T> {
+        t.await.map_err(|e| internal(format!("blocking task failed: {e}")))?
     }
     let mut body = body;
     let mut md5 = Some(Md5::new());
-    let mut in_flight: Option<Piece> = None;
+    let mut hashing: Option<JoinHandle<S3Result<Md5>>> = None;
+    let mut writing: Option<JoinHandle<S3Result<()>>> = None;
     let mut buf: Vec<u8> = Vec::with_capacity(PUT_CHUNK_BYTES);
     let mut offset = 0u64;
     loop {
@@ -588,8 +590,8 @@ async fn write_body(engine: &Arc<Engine>, caller: &Caller, ino: Ino, body: Strea
                 Ok(b) => b,
                 Err(e) => {
                     // The piece in flight lands before the caller aborts the staged file.
-                    if let Some(p) = in_flight.take() {
-                        let _ = p.await;
+                    if let Some(w) = writing.take() {
+                        let _ = w.await;
                     }
                     return Err(err(S3ErrorCode::IncompleteBody, format!("read request body: {e}")));
                 }
@@ -598,26 +600,35 @@ async fn write_body(engine: &Arc<Engine>, caller: &Caller, ino: Ino, body: Strea
             buf.extend_from_slice(&bytes);
         }
         if buf.len() >= PUT_CHUNK_BYTES || (done && !buf.is_empty()) {
-            let chunk = std::mem::replace(&mut buf, Vec::with_capacity(PUT_CHUNK_BYTES));
-            let mut h = match in_flight.take() {
-                Some(p) => landed(p).await?,
-                None => md5.take().expect("the hasher is here when no piece is in flight"),
+            let chunk = Arc::new(std::mem::replace(&mut buf, Vec::with_capacity(PUT_CHUNK_BYTES)));
+            let mut h = match hashing.take() {
+                Some(t) => joined(t).await?,
+                None => md5.take().expect("the hasher is here when no piece is being hashed"),
             };
+            let c = chunk.clone();
+            hashing = Some(tokio::task::spawn_blocking(move || {
+                h.update(&c[..]);
+                Ok(h)
+            }));
+            if let Some(w) = writing.take() {
+                joined(w).await?;
+            }
             let (engine, c, at) = (engine.clone(), caller.clone(), offset);
             offset += chunk.len() as u64;
-            in_flight = Some(tokio::task::spawn_blocking(move || {
-                h.update(&chunk);
-                engine.write(&c, ino, at, &chunk, Stability::Unstable).map_err(|e| map_err(e, Missing::Key))?;
-                Ok(h)
+            writing = Some(tokio::task::spawn_blocking(move || {
+                engine.write(&c, ino, at, &chunk[..], Stability::Unstable).map(|_| ()).map_err(|e| map_err(e, Missing::Key))
             }));
         }
         if done {
             break;
         }
     }
-    let h = match in_flight {
-        Some(p) => landed(p).await?,
-        None => md5.expect("the hasher is here when no piece is in flight"),
+    if let Some(w) = writing {
+        joined(w).await?;
+    }
+    let h = match hashing {
+        Some(t) => joined(t).await?,
+        None => md5.expect("the hasher is here when no piece is being hashed"),
     };
     Ok((offset, h.finalize().into()))
 }
