@@ -19,6 +19,57 @@ use crate::S3Options;
 use crate::auth::{EngineAuth, PublicReadAccess};
 use crate::service::AquiferS3;
 
+/// Gives every response an `x-amz-request-id` header and every error body the same id as
+/// `<RequestId>`, so that a client's report of a failure can be found in the daemon's log
+/// (s3s sets neither).
+#[derive(Clone)]
+struct RequestIds(s3s::service::S3Service);
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for RequestIds {
+    type Response = s3s::HttpResponse;
+    type Error = s3s::HttpError;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<s3s::HttpResponse, s3s::HttpError>> + Send>>;
+
+    fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        let (method, path) = (req.method().clone(), req.uri().path().to_string());
+        let inner = hyper::service::Service::call(&self.0, req);
+        Box::pin(async move {
+            let mut resp = inner.await?;
+            let id = new_request_id();
+            if resp.status().is_client_error() || resp.status().is_server_error() {
+                tracing::debug!(request_id = %id, %method, %path, status = resp.status().as_u16(), "S3 request failed");
+            }
+            tag_response(&mut resp, &id);
+            Ok(resp)
+        })
+    }
+}
+
+/// Sixteen upper-case hex digits, as S3's own request ids.
+fn new_request_id() -> String {
+    format!("{:016X}", rand::random::<u64>())
+}
+
+fn tag_response(resp: &mut s3s::HttpResponse, id: &str) {
+    let Ok(value) = http::HeaderValue::from_str(id) else { return };
+    resp.headers_mut().insert("x-amz-request-id", value);
+    if !(resp.status().is_client_error() || resp.status().is_server_error()) {
+        return;
+    }
+    let Some(body) = resp.body().bytes() else { return };
+    const END: &[u8] = b"</Error>";
+    let Some(at) = body.windows(END.len()).rposition(|w| w == END) else { return };
+    if body.windows(11).any(|w| w == b"<RequestId>") {
+        return;
+    }
+    let mut out = Vec::with_capacity(body.len() + 2 * id.len() + 24);
+    out.extend_from_slice(&body[..at]);
+    out.extend_from_slice(format!("<RequestId>{id}</RequestId>").as_bytes());
+    out.extend_from_slice(&body[at..]);
+    resp.headers_mut().insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(out.len()));
+    *resp.body_mut() = s3s::Body::from(bytes::Bytes::from(out));
+}
+
 /// Open connections at most; further ones wait in the listen backlog.
 pub const CONNECTIONS_MAX: usize = 1024;
 /// How long shutdown waits for requests in flight before closing their connections.
@@ -44,7 +95,7 @@ pub async fn serve(
             let host = s3s::host::SingleDomain::new(domain).with_context(|| format!("use S3 domain {domain}"))?;
             b.set_host(host);
         }
-        b.build()
+        RequestIds(b.build())
     };
     let mut conn = ConnBuilder::new(TokioExecutor::new());
     conn.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_millis(HEADER_READ_TIMEOUT_MS));

@@ -253,3 +253,32 @@ async fn continuation_token_wins_over_a_repeated_start_after() {
     }
     s.stop().await;
 }
+
+/// Every response names its request (`x-amz-request-id`), and an error body carries the
+/// same id as `<RequestId>`, also for errors raised before the request reaches a handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_carry_the_request_id_of_their_header() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/ids", &[], vec![]).await.0, 200);
+    let ok = s.signed("GET", "/ids", &[("list-type", "2")], vec![]).send().await.unwrap();
+    assert_eq!(ok.status().as_u16(), 200);
+    assert!(ok.headers().get("x-amz-request-id").is_some(), "a success names its request too");
+    let mut seen = Vec::new();
+    for res in [
+        s.signed("GET", "/ids/missing", &[], vec![]).send().await.unwrap(),
+        s.signed("GET", "/ids/missing", &[], vec![]).send().await.unwrap(),
+        s.signed_with("GET", "/", &[], vec![], &s.access, "not-the-secret-at-all").send().await.unwrap(),
+    ] {
+        assert!(res.status().is_client_error());
+        let header = res.headers().get("x-amz-request-id").expect("x-amz-request-id").to_str().unwrap().to_string();
+        let body = res.text().await.unwrap();
+        let in_body = body.split("<RequestId>").nth(1).and_then(|r| r.split("</RequestId>").next()).unwrap_or_else(|| panic!("no RequestId in {body}"));
+        assert_eq!(in_body, header, "{body}");
+        assert!(!error_code(&body).is_empty(), "still an S3 error: {body}");
+        seen.push(header);
+    }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 3, "each request has its own id");
+    s.stop().await;
+}
