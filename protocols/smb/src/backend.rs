@@ -24,8 +24,8 @@ const FILE_ATTRIBUTE_NORMAL: u32 = 0x80;
 /// Allocation unit reported to clients.
 const BLOCK: u64 = 4096;
 /// Bytes read ahead for a handle read sequentially: one engine stripe (four 1 MiB data shards
-/// read from four drives at once). The library answers a connection's requests one at a
-/// time, so without this every READ waits for its own drive read.
+/// read from four drives at once), so a client's MiB-sized READs do not each wait for their
+/// own drive read.
 const READ_AHEAD: usize = 4 << 20;
 /// Most read-ahead bytes held by one share's handles together; past it reads go straight to
 /// the engine.
@@ -403,15 +403,25 @@ impl Handle for EngineHandle {
             return Err(SmbError::IsDirectory);
         }
         let mut ra = self.ahead.lock().await;
-        // Read-ahead starts with the second READ that continues the one before.
-        let sequential = offset > 0 && offset == ra.next;
+        let want = u64::from(len);
+        // Read-ahead starts with the second READ that continues the one before. The library
+        // runs a connection's READs concurrently, so a client's pipelined READs may take this
+        // lock slightly out of order: one that falls in the chunk being served or the one being
+        // read continues the sequence too.
+        let in_pending = ra.pending.as_ref().is_some_and(|(start, _)| *start <= offset && offset + want <= start + READ_AHEAD as u64);
+        let sequential = offset > 0 && (offset == ra.next || ra.chunk.as_ref().is_some_and(|c| c.covers(offset, want)) || in_pending);
+        // A READ that arrived just behind the sequence (its neighbour took the lock first) is
+        // read on its own, leaving the read-ahead to the READs after it.
+        let straggler = offset < ra.next && ra.next - offset <= 2 * READ_AHEAD as u64;
+        if !sequential && straggler && len > 0 {
+            return Ok(Bytes::from(self.with(move |e, c, ino| e.read(c, ino, offset, len as usize)).await?));
+        }
         if !sequential || len == 0 {
             ra.clear();
             let out = self.with(move |e, c, ino| e.read(c, ino, offset, len as usize)).await?;
             ra.next = offset + out.len() as u64;
             return Ok(Bytes::from(out));
         }
-        let want = u64::from(len);
         if !ra.chunk.as_ref().is_some_and(|c| c.covers(offset, want)) {
             ra.chunk = None;
             if let Some((start, task)) = ra.pending.take() {
@@ -657,6 +667,39 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         assert_eq!(budget.load(Ordering::Relaxed), 0, "read-ahead bytes released");
+        engine.shutdown().unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_out_of_order_and_at_once_return_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 64 << 20, 4, 2)).unwrap();
+        let sys = Caller::system();
+        let f = engine.create(&sys, storage_engine::ROOT_INO, b"f", 0o644, true).unwrap();
+        let content: Vec<u8> = (0..(24u32 << 20) + 77).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        engine.write(&sys, f.ino, 0, &content, Stability::Durable).unwrap();
+        let budget = Arc::new(AtomicUsize::new(0));
+        let h = Arc::new(handle(&engine, f.ino, &budget));
+        const MIB: u64 = 1 << 20;
+        // Pipelined READs reaching the handle slightly out of order, as a client's concurrent
+        // READs can: neighbours swapped, across chunk boundaries too (3/4, 7/8).
+        let order = [0u64, 1, 2, 4, 3, 5, 6, 8, 7, 9, 11, 10, 12, 13, 14, 15];
+        for &i in &order {
+            let b = h.read(i * MIB, MIB as u32).await.unwrap();
+            assert!(b[..] == content[(i * MIB) as usize..((i + 1) * MIB) as usize], "MiB {i}");
+        }
+        assert!(budget.load(Ordering::Relaxed) > 0, "read-ahead was used");
+        // Eight READs at once, then the short end of the file.
+        let reads = (16..24u64).map(|i| {
+            let h = h.clone();
+            tokio::spawn(async move { (i, h.read(i * MIB, MIB as u32).await.unwrap()) })
+        });
+        for r in reads.collect::<Vec<_>>() {
+            let (i, b) = r.await.unwrap();
+            assert!(b[..] == content[(i * MIB) as usize..((i + 1) * MIB) as usize], "MiB {i}");
+        }
+        assert_eq!(&h.read(24 * MIB, MIB as u32).await.unwrap()[..], &content[(24 * MIB) as usize..]);
+        drop(h);
         engine.shutdown().unwrap();
     }
 

@@ -1,11 +1,12 @@
-//! Per-frame dispatch: parse header, route to handler, sign response, encode.
+//! Per-frame dispatch: parse header, route to handler, encode the response
+//! and say how the writer signs it.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::proto::auth::ntlm::Identity;
 use crate::proto::crypto::encrypt::{is_transform, transform_session_id};
-use crate::proto::crypto::{PreauthIntegrity, SessionCipher, TRANSFORM_HEADER_LEN, sign};
+use crate::proto::crypto::{PreauthIntegrity, SessionCipher, TRANSFORM_HEADER_LEN};
 use crate::proto::framing::MAX_FRAME_PAYLOAD;
 use crate::proto::header::{
     Command, HeaderTail, SMB2_FLAGS_ASYNC_COMMAND, SMB2_FLAGS_RELATED_OPERATIONS,
@@ -15,6 +16,7 @@ use crate::proto::messages::{Dialect, ErrorResponse, FileId};
 use tracing::{Instrument, debug, debug_span, error, warn};
 
 use crate::conn::chain;
+use crate::conn::writer::Unsealed;
 use crate::conn::credits::{CreditWindow, charge_covers};
 use crate::conn::limits::supports_multi_credit;
 use crate::conn::related::{RelatedContext, needs_session, needs_tree};
@@ -49,6 +51,9 @@ pub struct HandlerResponse {
     pub take_preauth_snapshot_for_session: Option<u64>,
     /// Lease breaks held back until this response is queued.
     pub(crate) after_send: Vec<AfterSend>,
+    /// `body` starts with [`SMB2_HEADER_LEN`] bytes of room for the header
+    /// (Aquifer patch).
+    pub(crate) header_room: bool,
 }
 
 impl HandlerResponse {
@@ -61,7 +66,16 @@ impl HandlerResponse {
             skip_signing: false,
             take_preauth_snapshot_for_session: None,
             after_send: Vec::new(),
+            header_room: false,
         }
+    }
+
+    /// A success whose body starts with [`SMB2_HEADER_LEN`] bytes of room
+    /// for the header, so a large body is not copied behind it.
+    pub(crate) fn ok_after_header(body: Vec<u8>) -> Self {
+        let mut resp = Self::ok(body);
+        resp.header_room = true;
+        resp
     }
 
     pub fn err(status: u32) -> Self {
@@ -76,6 +90,7 @@ impl HandlerResponse {
             skip_signing: false,
             take_preauth_snapshot_for_session: None,
             after_send: Vec::new(),
+            header_room: false,
         }
     }
 }
@@ -154,9 +169,10 @@ impl ReplyCtx {
     }
 }
 
-/// The frame answering a request frame.
-pub(crate) struct Outgoing {
-    pub bytes: Vec<u8>,
+/// The frame answering a request frame: sealed bytes, or (for the
+/// connection's reader) a frame the writer signs and encrypts.
+pub(crate) struct Outgoing<F = Vec<u8>> {
+    pub bytes: F,
     /// Dropped once `bytes` is queued, which sends the lease breaks held
     /// back until then.
     pub after_send: Vec<AfterSend>,
@@ -165,10 +181,10 @@ pub(crate) struct Outgoing {
     pub continuation: Option<Continuation>,
 }
 
-impl Outgoing {
+impl Outgoing<Unsealed> {
     fn plain(bytes: Vec<u8>) -> Self {
         Self {
-            bytes,
+            bytes: Unsealed::plain(bytes),
             after_send: Vec::new(),
             continuation: None,
         }
@@ -277,8 +293,8 @@ impl Continuation {
             chain.related.update(ctx.hdr.command, &request, pushed);
             let next = run_chain(&server, &conn, &mut chain, &mut replies).await;
             match finish_frame(&conn, replies, transform.clone()).await {
-                Some((bytes, after_send)) => {
-                    if conn.outbound.send(bytes).await.is_err() {
+                Some((frame, after_send)) => {
+                    if conn.outbound.send(frame).await.is_err() {
                         return;
                     }
                     drop(after_send);
@@ -299,13 +315,38 @@ impl Continuation {
     }
 }
 
-/// Top-level frame dispatch. Returns the frame to push into the writer
-/// channel, or `None` if the request elicits no response (CANCEL).
+/// Top-level frame dispatch, with the answer signed and encrypted. Returns
+/// the frame to push into the writer channel, or `None` if the request
+/// elicits no response (CANCEL) or the connection is to close.
+#[cfg_attr(not(any(test, fuzzing)), allow(dead_code))]
 pub(crate) async fn dispatch_frame(
     server: &Arc<ServerState>,
     conn: &Arc<Connection>,
     frame: &[u8],
 ) -> Option<Outgoing> {
+    let out = dispatch_frame_unsealed(server, conn, frame).await?;
+    match out.bytes.seal() {
+        Ok(bytes) => Some(Outgoing {
+            bytes,
+            after_send: out.after_send,
+            continuation: out.continuation,
+        }),
+        Err(e) => {
+            error!(error = %e, "cannot sign or encrypt response; closing connection");
+            conn.request_disconnect();
+            None
+        }
+    }
+}
+
+/// Top-level frame dispatch. Returns the frame, still to be signed and
+/// encrypted, to push into the writer channel, or `None` if the request
+/// elicits no response (CANCEL).
+pub(crate) async fn dispatch_frame_unsealed(
+    server: &Arc<ServerState>,
+    conn: &Arc<Connection>,
+    frame: &[u8],
+) -> Option<Outgoing<Unsealed>> {
     // SMB1 multi-protocol bootstrap (MS-SMB2 §3.3.5.3.1). The only SMB1 we
     // accept: a NEGOTIATE_REQUEST listing "SMB 2.???" or "SMB 2.002", as the
     // first request on the connection (3.3.5.3).
@@ -599,15 +640,14 @@ async fn discard_open(conn: &Arc<Connection>, req_hdr: &Smb2Header, file_id: Fil
     }
 }
 
-/// Joins the replies of a frame and encrypts the frame when it must be.
+/// Joins the replies of a frame and says how to sign and encrypt it.
 /// Returns the frame and the guards to drop once it is queued, or `None`
-/// for no replies or a frame that cannot be encrypted, which also closes
-/// the connection.
+/// for no replies.
 async fn finish_frame(
     conn: &Connection,
     mut replies: Vec<Reply>,
     transform: Option<(u64, Arc<SessionCipher>)>,
-) -> Option<(Vec<u8>, Vec<AfterSend>)> {
+) -> Option<(Unsealed, Vec<AfterSend>)> {
     if replies.is_empty() {
         return None;
     }
@@ -619,18 +659,9 @@ async fn finish_frame(
         .iter_mut()
         .flat_map(|r| std::mem::take(&mut r.after_send))
         .collect();
-    let out = stitch_responses(conn, replies).await;
-    let Some((session_id, cipher)) = cipher else {
-        return Some((out, after_send));
-    };
-    match cipher.encrypt(session_id, &out) {
-        Ok(encrypted) => Some((encrypted, after_send)),
-        Err(e) => {
-            error!(error = %e, "cannot encrypt response; closing connection");
-            conn.request_disconnect();
-            None
-        }
-    }
+    let mut frame = stitch_responses(conn, replies).await;
+    frame.cipher = cipher;
+    Some((frame, after_send))
 }
 
 /// What handling one request produced.
@@ -710,10 +741,11 @@ fn grant_credits(conn: &Connection, req_hdr: &Smb2Header) -> u16 {
 }
 
 /// Joins compound responses into one frame. Each response but the last is
-/// padded to 8 bytes and signed over its padding (MS-SMB2 3.1.4.1).
-async fn stitch_responses(conn: &Connection, responses: Vec<Reply>) -> Vec<u8> {
+/// padded to 8 bytes and signed over its padding (MS-SMB2 3.1.4.1); the
+/// signatures are left to the writer. A lone response is not copied.
+async fn stitch_responses(conn: &Connection, responses: Vec<Reply>) -> Unsealed {
     let mut out = Vec::new();
-    let mut signed = Vec::with_capacity(responses.len());
+    let mut signatures = Vec::with_capacity(responses.len());
     let response_count = responses.len();
 
     for (index, reply) in responses.into_iter().enumerate() {
@@ -724,21 +756,23 @@ async fn stitch_responses(conn: &Connection, responses: Vec<Reply>) -> Vec<u8> {
             len = align_8(len);
             response[0x14..0x18].copy_from_slice(&(len as u32).to_le_bytes());
         }
-        out.extend_from_slice(&response);
-        out.resize(start + len, 0);
+        if response_count == 1 {
+            out = response;
+        } else {
+            out.extend_from_slice(&response);
+            out.resize(start + len, 0);
+        }
         if let Some(key) = reply.signing_key {
-            signed.push((start, len, key));
+            signatures.push((start, len, key));
         }
     }
 
-    let algo = *conn.signing_algo.read().await;
-    for (start, len, key) in signed {
-        if let Err(e) = sign(&mut out[start..start + len], &key, algo) {
-            error!(error = %e, "failed to sign compound response");
-        }
+    Unsealed {
+        bytes: out,
+        signatures,
+        algo: *conn.signing_algo.read().await,
+        cipher: None,
     }
-
-    out
 }
 
 /// Bytes an error response takes in a compound response: the header, the
@@ -1171,7 +1205,6 @@ async fn build_response_bytes(
         req_hdr.command == Command::SessionSetup && handler_resp.status == ntstatus::STATUS_SUCCESS;
     let mut should_sign = false;
     let mut key = [0u8; 16];
-    let algo = *conn.signing_algo.read().await;
     if !handler_resp.skip_signing
         && hdr.session_id != 0
         && (request_was_signed || is_session_setup_success)
@@ -1203,16 +1236,22 @@ async fn build_response_bytes(
     } else {
         hdr.flags &= !SMB2_FLAGS_SIGNED;
     }
-    let mut out = Vec::with_capacity(SMB2_HEADER_LEN + handler_resp.body.len());
+    let mut out = Vec::with_capacity(SMB2_HEADER_LEN);
     if let Err(e) = hdr.write(&mut out) {
         error!(error = %e, "failed to encode response header");
         return (Vec::new(), None);
     }
-    out.extend_from_slice(&handler_resp.body);
-
-    if should_sign && let Err(e) = sign(&mut out, &key, algo) {
-        error!(error = %e, "failed to sign response");
-    }
+    // Aquifer patch: a body that starts with room for the header (a READ's
+    // MiB) gets the header written there instead of being copied behind it;
+    // the signature is computed once, by the writer, over the joined frame.
+    let out = if handler_resp.header_room && handler_resp.body.len() >= SMB2_HEADER_LEN {
+        let mut body = handler_resp.body;
+        body[..SMB2_HEADER_LEN].copy_from_slice(&out);
+        body
+    } else {
+        out.extend_from_slice(&handler_resp.body);
+        out
+    };
     (out, should_sign.then_some(key))
 }
 
@@ -1311,7 +1350,7 @@ fn is_smb1_negotiate(frame: &[u8]) -> bool {
 mod tests {
     use super::*;
     use crate::conn::state::{Session, TreeConnect};
-    use crate::proto::crypto::{SigningAlgo, verify};
+    use crate::proto::crypto::{SigningAlgo, sign, verify};
     use crate::proto::messages::{
         CloseRequest, CreateRequest, Dialect, FileId, LogoffRequest, QueryInfoRequest,
     };

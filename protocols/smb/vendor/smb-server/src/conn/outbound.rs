@@ -6,7 +6,7 @@ use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::Notify;
 
-use crate::conn::writer::{NoticeError, ResponseQueue};
+use crate::conn::writer::{Body, NoticeError, ResponseQueue};
 
 /// Unsolicited-message handle of one connection. File state refers to it
 /// only weakly, and [`Outbound::close`] drops its queue, so neither keeps
@@ -43,7 +43,7 @@ impl Outbound {
 
     /// Queues a response to a request completed after its interim
     /// response, waiting while the queue is full.
-    pub(crate) async fn send(&self, bytes: Vec<u8>) -> Result<(), ()> {
+    pub(crate) async fn send(&self, bytes: impl Into<Body>) -> Result<(), ()> {
         let queue = self
             .queue
             .lock()

@@ -1,10 +1,12 @@
-//! Per-connection writer task: adds the transport length prefix and writes
-//! responses to the socket.
+//! Per-connection writer task: signs and encrypts responses, adds the
+//! transport length prefix and writes them to the socket.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::proto::crypto::{SessionCipher, SigningAlgo, TRANSFORM_HEADER_LEN, sign};
+use crate::proto::error::{ProtoError, ProtoResult};
 use crate::proto::framing::{MAX_FRAME_PAYLOAD, encode_frame};
 use tokio::io::{AsyncWriteExt, WriteHalf};
 use tokio::net::TcpStream;
@@ -23,10 +25,83 @@ pub const QUEUED_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 /// separate from the response limits.
 pub const QUEUED_NOTICE_BYTES: usize = 1024 * 1024;
 
-/// One message to send: the final SMB2 header and body, *with signing
-/// already applied if required*, and its share of the queue limits.
+/// A frame of responses as the dispatcher leaves it: joined, its
+/// signatures not yet computed and the frame not yet encrypted. Aquifer
+/// patch: the writer seals it, so a connection's reader goes on with the
+/// next request while a MiB-sized READ response is signed and sent.
+pub struct Unsealed {
+    pub(crate) bytes: Vec<u8>,
+    /// Start, length and signing key of each response in `bytes` to sign.
+    pub(crate) signatures: Vec<(usize, usize, [u8; 16])>,
+    pub(crate) algo: SigningAlgo,
+    /// The session the frame is encrypted for and its keys.
+    pub(crate) cipher: Option<(u64, Arc<SessionCipher>)>,
+}
+
+impl Unsealed {
+    /// A frame sent as it is.
+    pub(crate) fn plain(bytes: Vec<u8>) -> Self {
+        Self {
+            bytes,
+            signatures: Vec::new(),
+            algo: SigningAlgo::HmacSha256,
+            cipher: None,
+        }
+    }
+
+    /// Bytes of the sealed frame.
+    fn len(&self) -> usize {
+        self.bytes.len() + if self.cipher.is_some() { TRANSFORM_HEADER_LEN } else { 0 }
+    }
+
+    /// Signs each response, then encrypts the frame when it must be. Each
+    /// encryption takes a fresh nonce from the session's counter, so frames
+    /// sealed in any order never share one.
+    pub(crate) fn seal(mut self) -> ProtoResult<Vec<u8>> {
+        for &(start, len, key) in &self.signatures {
+            let response = self
+                .bytes
+                .get_mut(start..start + len)
+                .ok_or(ProtoError::Malformed("signed response outside its frame"))?;
+            sign(response, &key, self.algo)?;
+        }
+        match self.cipher {
+            Some((session_id, cipher)) => cipher.encrypt(session_id, &self.bytes),
+            None => Ok(self.bytes),
+        }
+    }
+}
+
+/// A message to queue: final bytes, or a frame the writer seals.
+pub enum Body {
+    Sealed(Vec<u8>),
+    Unsealed(Unsealed),
+}
+
+impl Body {
+    fn len(&self) -> usize {
+        match self {
+            Body::Sealed(bytes) => bytes.len(),
+            Body::Unsealed(frame) => frame.len(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for Body {
+    fn from(bytes: Vec<u8>) -> Self {
+        Body::Sealed(bytes)
+    }
+}
+
+impl From<Unsealed> for Body {
+    fn from(frame: Unsealed) -> Self {
+        Body::Unsealed(frame)
+    }
+}
+
+/// One message to send and its share of the queue limits.
 pub struct FramePayload {
-    bytes: Vec<u8>,
+    body: Body,
     _budget: Option<OwnedSemaphorePermit>,
     _slot: Option<OwnedSemaphorePermit>,
     _notice: Option<NoticeBytes>,
@@ -95,9 +170,10 @@ pub fn response_queue() -> (ResponseQueue, ResponseReceiver) {
 impl ResponseQueue {
     /// Queues a response, waiting while the queue is full. Fails once the
     /// writer is gone.
-    pub async fn send(&self, bytes: Vec<u8>) -> Result<(), ()> {
+    pub async fn send(&self, body: impl Into<Body>) -> Result<(), ()> {
+        let body = body.into();
         let slot = self.slots.clone().acquire_owned().await.map_err(|_| ())?;
-        let cost = bytes.len().clamp(1, QUEUED_RESPONSE_BYTES) as u32;
+        let cost = body.len().clamp(1, QUEUED_RESPONSE_BYTES) as u32;
         let budget = self
             .budget
             .clone()
@@ -106,7 +182,7 @@ impl ResponseQueue {
             .map_err(|_| ())?;
         self.tx
             .send(FramePayload {
-                bytes,
+                body,
                 _budget: Some(budget),
                 _slot: Some(slot),
                 _notice: None,
@@ -128,7 +204,7 @@ impl ResponseQueue {
         };
         self.tx
             .send(FramePayload {
-                bytes,
+                body: Body::Sealed(bytes),
                 _budget: None,
                 _slot: None,
                 _notice: Some(notice),
@@ -146,12 +222,22 @@ impl ResponseQueue {
 impl ResponseReceiver {
     /// The next queued message, if one is waiting.
     pub(crate) fn try_recv(&mut self) -> Option<Vec<u8>> {
-        self.rx.try_recv().ok().map(|payload| payload.bytes.clone())
+        self.rx.try_recv().ok().map(FramePayload::into_bytes)
     }
 
     /// The next queued message, waiting for one.
     pub(crate) async fn recv(&mut self) -> Option<Vec<u8>> {
-        self.rx.recv().await.map(|payload| payload.bytes.clone())
+        self.rx.recv().await.map(FramePayload::into_bytes)
+    }
+}
+
+#[cfg(test)]
+impl FramePayload {
+    fn into_bytes(self) -> Vec<u8> {
+        match self.body {
+            Body::Sealed(bytes) => bytes,
+            Body::Unsealed(frame) => frame.seal().expect("frame seals"),
+        }
     }
 }
 
@@ -183,29 +269,45 @@ pub async fn writer_task(
     io_timeout: Duration,
 ) {
     while let Some(payload) = queue.rx.recv().await {
+        let FramePayload {
+            body,
+            _budget,
+            _slot,
+            _notice,
+        } = payload;
+        let bytes = match body {
+            Body::Sealed(bytes) => bytes,
+            Body::Unsealed(frame) => match frame.seal() {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    error!(error = %e, "cannot sign or encrypt response; closing connection");
+                    return;
+                }
+            },
+        };
         // Aquifer patch: a large response (a READ's MiB) goes out behind its
         // 4-byte frame header instead of being copied into a new buffer
         // with it; small ones are still joined into one write.
-        let large = payload.bytes.len() > INLINE_FRAME_BYTES;
-        let mut out = Vec::with_capacity(if large { 4 } else { payload.bytes.len() + 4 });
+        let large = bytes.len() > INLINE_FRAME_BYTES;
+        let mut out = Vec::with_capacity(if large { 4 } else { bytes.len() + 4 });
         let framed = if large {
-            encode_frame_header(payload.bytes.len(), &mut out)
+            encode_frame_header(bytes.len(), &mut out)
         } else {
-            encode_frame(&payload.bytes, &mut out)
+            encode_frame(&bytes, &mut out)
         };
         if let Err(e) = framed {
             error!(
                 error = %e,
-                len = payload.bytes.len(),
+                len = bytes.len(),
                 "cannot frame response; closing connection"
             );
             return;
         }
-        let len = out.len() + if large { payload.bytes.len() } else { 0 };
+        let len = out.len() + if large { bytes.len() } else { 0 };
         let write = async {
             writer.write_all(&out).await?;
             if large {
-                writer.write_all(&payload.bytes).await?;
+                writer.write_all(&bytes).await?;
             }
             Ok::<(), std::io::Error>(())
         };
@@ -220,7 +322,6 @@ pub async fn writer_task(
                 return;
             }
         }
-        drop(payload);
     }
     // Channel closed: flush and bail.
     if let Err(e) = writer.shutdown().await {
@@ -253,9 +354,9 @@ mod tests {
         assert!(blocked.is_err(), "the response limit holds");
         tx.try_send_notice(vec![0xAA]).unwrap();
         for n in 0..WRITER_CHANNEL {
-            assert_eq!(rx.rx.recv().await.unwrap().bytes, [n as u8]);
+            assert_eq!(rx.rx.recv().await.unwrap().into_bytes(), [n as u8]);
         }
-        assert_eq!(rx.rx.recv().await.unwrap().bytes, [0xAA]);
+        assert_eq!(rx.rx.recv().await.unwrap().into_bytes(), [0xAA]);
     }
 
     #[tokio::test]

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::proto::header::Smb2Header;
+use crate::proto::header::{SMB2_HEADER_LEN, Smb2Header};
 use crate::proto::messages::{ReadRequest, ReadResponse};
 
 use crate::access_mask::FILE_READ_DATA;
@@ -66,7 +66,8 @@ pub async fn handle(
     if (bytes.is_empty() && req.length > 0) || bytes.len() < req.minimum_count as usize {
         return HandlerResponse::err(ntstatus::STATUS_END_OF_FILE);
     }
-    // Aquifer patch: one copy of the data into the body.
-    let buf = ReadResponse::encode_data(&bytes);
-    HandlerResponse::ok(buf)
+    // Aquifer patch: one copy of the data into the body, behind room for
+    // the header.
+    let buf = ReadResponse::encode_data_after(SMB2_HEADER_LEN, &bytes);
+    HandlerResponse::ok_after_header(buf)
 }

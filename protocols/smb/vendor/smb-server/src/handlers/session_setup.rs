@@ -275,6 +275,7 @@ fn more_processing(sid: u64, outbound: &[u8]) -> HandlerResponse {
         skip_signing: true, // no key yet
         take_preauth_snapshot_for_session: None,
         after_send: Vec::new(),
+        header_room: false,
     }
 }
 
@@ -458,6 +459,7 @@ async fn continue_exchange(
         skip_signing: anonymous,
         take_preauth_snapshot_for_session: None,
         after_send: Vec::new(),
+        header_room: false,
     };
 
     // Reauthentication keeps the session, its key and its trees

@@ -98,7 +98,14 @@ impl ReadResponse {
     /// at the standard offset, encoded with one copy of `data` (the
     /// encoder above copies a MiB-sized READ several times).
     pub fn encode_data(data: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 + data.len());
+        Self::encode_data_after(0, data)
+    }
+
+    /// [`Self::encode_data`] behind `room` zero bytes, where the caller puts
+    /// the SMB2 header without copying the data again.
+    pub fn encode_data_after(room: usize, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(room + 16 + data.len());
+        out.resize(room, 0);
         out.extend_from_slice(&17u16.to_le_bytes());
         out.push(Self::STANDARD_DATA_OFFSET);
         out.push(0);
@@ -164,6 +171,9 @@ mod tests {
         resp.write_to(&mut want).unwrap();
         assert_eq!(ReadResponse::encode_data(&data), want);
         assert_eq!(ReadResponse::parse(&ReadResponse::encode_data(&data)).unwrap(), resp);
+        let after = ReadResponse::encode_data_after(64, &data);
+        assert_eq!(after[..64], [0; 64]);
+        assert_eq!(after[64..], want[..]);
     }
 
     #[test]
