@@ -901,6 +901,72 @@ fn bucket_is_public(engine: &Engine, caller: &Caller, ino: Ino) -> bool {
     engine.getxattr(caller, ino, XATTR_PUBLIC_READ).is_ok_and(|v| v == b"1")
 }
 
+/// The ACL S3 clients see for a bucket or an object: its owner has full control, and
+/// everyone may read when anonymous reads are actually admitted (a public-read bucket, and
+/// for an object also a mode that lets others read it).
+fn acl_grants(owner: &Owner, public: bool) -> Vec<Grant> {
+    let mut grants = vec![Grant {
+        grantee: Some(Grantee {
+            type_: Type::from_static(Type::CANONICAL_USER),
+            id: owner.id.clone(),
+            display_name: owner.display_name.clone(),
+            email_address: None,
+            uri: None,
+        }),
+        permission: Some(Permission::from_static(Permission::FULL_CONTROL)),
+    }];
+    if public {
+        grants.push(Grant {
+            grantee: Some(Grantee {
+                type_: Type::from_static(Type::GROUP),
+                uri: Some(ALL_USERS_URI.into()),
+                id: None,
+                display_name: None,
+                email_address: None,
+            }),
+            permission: Some(Permission::from_static(Permission::READ)),
+        });
+    }
+    grants
+}
+
+const ALL_USERS_URI: &str = "http://acs.amazonaws.com/groups/global/AllUsers";
+
+/// An object ACL given as a canned name, or as a policy body that says exactly what one of
+/// the supported canned ACLs says (owner full control, optionally everyone read): whether
+/// others may read. Grants to other accounts or groups, and `x-amz-grant-*` headers, are not
+/// supported: permissions are the file's mode.
+fn object_acl_public(input: &PutObjectAclInput, owner_id: &str) -> S3Result<bool> {
+    let unsupported = || err(S3ErrorCode::NotImplemented, "only the canned ACLs private and public-read are supported on objects (or a policy that grants exactly those)");
+    if input.grant_full_control.is_some() || input.grant_read.is_some() || input.grant_read_acp.is_some() || input.grant_write_acp.is_some() {
+        return Err(unsupported());
+    }
+    match (&input.acl, &input.access_control_policy) {
+        (Some(acl), None) => Ok(object_mode(Some(acl))? & 0o004 != 0),
+        (None, Some(policy)) => {
+            let mut owner_full = false;
+            let mut everyone_read = false;
+            for g in policy.grants.iter().flatten() {
+                let perm = g.permission.as_ref().map(|p| p.as_str());
+                let who = g.grantee.as_ref().ok_or_else(|| err(S3ErrorCode::MalformedACLError, "a grant names no grantee"))?;
+                if who.id.as_deref() == Some(owner_id) && perm == Some(Permission::FULL_CONTROL) {
+                    owner_full = true;
+                } else if who.uri.as_deref() == Some(ALL_USERS_URI) && perm == Some(Permission::READ) {
+                    everyone_read = true;
+                } else {
+                    return Err(unsupported());
+                }
+            }
+            if !owner_full {
+                return Err(unsupported());
+            }
+            Ok(everyone_read)
+        }
+        (None, None) => Err(err(S3ErrorCode::MissingSecurityHeader, "give a canned ACL (x-amz-acl) or an AccessControlPolicy body")),
+        (Some(_), Some(_)) => Err(err(S3ErrorCode::UnexpectedContent, "give either a canned ACL or an AccessControlPolicy body, not both")),
+    }
+}
+
 // ------------------------------------------------------------------ operations
 
 #[async_trait::async_trait]
@@ -1026,28 +1092,7 @@ impl S3 for AquiferS3 {
             Ok((owner_of(&engine, b.uid), bucket_is_public(&engine, &caller, b.ino)))
         })
         .await?;
-        let mut grants = vec![Grant {
-            grantee: Some(Grantee {
-                type_: Type::from_static(Type::CANONICAL_USER),
-                id: owner.id.clone(),
-                display_name: owner.display_name.clone(),
-                email_address: None,
-                uri: None,
-            }),
-            permission: Some(Permission::from_static(Permission::FULL_CONTROL)),
-        }];
-        if public {
-            grants.push(Grant {
-                grantee: Some(Grantee {
-                    type_: Type::from_static(Type::GROUP),
-                    uri: Some("http://acs.amazonaws.com/groups/global/AllUsers".into()),
-                    id: None,
-                    display_name: None,
-                    email_address: None,
-                }),
-                permission: Some(Permission::from_static(Permission::READ)),
-            });
-        }
+        let grants = acl_grants(&owner, public);
         Ok(S3Response::new(GetBucketAclOutput { grants: Some(grants), owner: Some(owner) }))
     }
 
@@ -1074,6 +1119,47 @@ impl S3 for AquiferS3 {
         })
         .await?;
         Ok(S3Response::new(PutBucketAclOutput::default()))
+    }
+
+    async fn get_object_acl(&self, req: S3Request<GetObjectAclInput>) -> S3Result<S3Response<GetObjectAclOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        check_version_id(input.version_id.as_deref())?;
+        let (owner, public) = blocking(move || {
+            let b = bucket_attr(&engine, &caller, &input.bucket)?;
+            let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
+            // As in S3, where only the owner holds READ_ACP unless granted.
+            if caller.uid != a.uid && caller.uid != 0 && caller.role < storage_engine::Role::Admin {
+                return Err(err(S3ErrorCode::AccessDenied, "only the object's owner may read its ACL"));
+            }
+            Ok((owner_of(&engine, a.uid), a.mode & 0o004 != 0 && bucket_is_public(&engine, &caller, b.ino)))
+        })
+        .await?;
+        let grants = acl_grants(&owner, public);
+        Ok(S3Response::new(GetObjectAclOutput { grants: Some(grants), owner: Some(owner), ..Default::default() }))
+    }
+
+    /// Sets the object's mode: `private` leaves only its owner's bits, `public-read` lets
+    /// everyone read (anonymous clients as well when the bucket is public-read). Only the
+    /// owner (or an administrator) may, as for chmod.
+    async fn put_object_acl(&self, req: S3Request<PutObjectAclInput>) -> S3Result<S3Response<PutObjectAclOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        check_version_id(input.version_id.as_deref())?;
+        blocking(move || {
+            let b = bucket_attr(&engine, &caller, &input.bucket)?;
+            let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
+            let public = object_acl_public(&input, &a.uid.to_string())?;
+            let mode = if public { a.mode | 0o044 } else { a.mode & !0o077 };
+            engine
+                .setattr(&caller, a.ino, storage_engine::SetAttr { mode: Some(mode & 0o7777), ..Default::default() })
+                .map_err(|e| map_err(e, Missing::Key))?;
+            Ok(())
+        })
+        .await?;
+        Ok(S3Response::new(PutObjectAclOutput::default()))
     }
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
