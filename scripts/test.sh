@@ -12,3 +12,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/aquifer-target}"
 mkdir -p "$CARGO_TARGET_DIR"
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked -- --test-threads=2
+# SMB with the smb crate (smb-rs) as client against the daemon built above: a crate outside
+# the workspace with its own lockfile and target directory (docs/smb.md).
+AQUIFER_BIN="$(cd "$CARGO_TARGET_DIR" && pwd)/debug/aquifer" CARGO_TARGET_DIR=/var/cache/aquifer-smbrs-target \
+    cargo test --locked --manifest-path protocols/smb/client-tests/Cargo.toml

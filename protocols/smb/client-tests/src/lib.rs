@@ -1,0 +1,1 @@
+//! Nothing to build: the tests are in tests/smb_rs.rs.
