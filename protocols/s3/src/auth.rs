@@ -75,6 +75,19 @@ const ANONYMOUS_READS: &[&str] = &[
     "GetObjectAttributes",
 ];
 
+/// Operations on one object an anonymous client may run on an object marked public-read
+/// (PutObject or PutObjectAcl with `public-read`) in a private bucket.
+const OBJECT_READS: &[&str] = &["GetObject", "HeadObject", "GetObjectAttributes"];
+
+/// Whether `key` in `bucket` is an object marked public-read.
+fn object_is_public(engine: &Engine, bucket: &str, key: &str) -> bool {
+    let sys = Caller::system();
+    let Ok(b) = engine.lookup(&sys, ROOT_INO, bucket.as_bytes()) else { return false };
+    let Ok((parent, name)) = engine.object_parent(&sys, b.ino, key, false) else { return false };
+    let Ok(a) = engine.lookup(&sys, parent, name.as_bytes()) else { return false };
+    a.kind == FileKind::File && engine.getxattr(&sys, a.ino, XATTR_PUBLIC_READ).is_ok_and(|v| v == b"1")
+}
+
 /// Longest validity of a presigned URL (as S3: seven days).
 pub const PRESIGNED_EXPIRES_SECS_MAX: u64 = 7 * 24 * 3600;
 
@@ -105,13 +118,23 @@ impl S3Access for PublicReadAccess {
         if cx.credentials().is_some() {
             return check_presigned_expiry(cx.uri().query());
         }
-        let bucket = match cx.s3_path() {
-            S3Path::Bucket { bucket } | S3Path::Object { bucket, .. } => bucket.to_string(),
+        let (bucket, key) = match cx.s3_path() {
+            S3Path::Bucket { bucket } => (bucket.to_string(), None),
+            S3Path::Object { bucket, key } => (bucket.to_string(), Some(key.to_string())),
             S3Path::Root => return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused")),
         };
         let op = cx.s3_op().name();
         let engine = self.engine.clone();
-        let visibility = blocking(move || Ok(bucket_visibility(&engine, &bucket))).await?;
+        let object_read = key.is_some() && OBJECT_READS.contains(&op);
+        let (visibility, object_public) = blocking(move || {
+            let v = bucket_visibility(&engine, &bucket);
+            let marked = object_read && v == BucketVisibility::Private && key.as_deref().is_some_and(|k| object_is_public(&engine, &bucket, k));
+            Ok((v, marked))
+        })
+        .await?;
+        if object_public {
+            return Ok(());
+        }
         // As S3: a bucket that does not exist is NoSuchBucket for anyone (bucket names are
         // one shared name space, so this discloses nothing a CreateBucket would not).
         if visibility == BucketVisibility::Missing && op != "CreateBucket" {

@@ -902,8 +902,8 @@ fn bucket_is_public(engine: &Engine, caller: &Caller, ino: Ino) -> bool {
 }
 
 /// The ACL S3 clients see for a bucket or an object: its owner has full control, and
-/// everyone may read when anonymous reads are actually admitted (a public-read bucket, and
-/// for an object also a mode that lets others read it).
+/// everyone may read when anonymous reads are actually admitted (a public-read bucket, or
+/// an object marked public-read, and for an object also a mode that lets others read it).
 fn acl_grants(owner: &Owner, public: bool) -> Vec<Grant> {
     let mut grants = vec![Grant {
         grantee: Some(Grantee {
@@ -1133,7 +1133,8 @@ impl S3 for AquiferS3 {
             if caller.uid != a.uid && caller.uid != 0 && caller.role < storage_engine::Role::Admin {
                 return Err(err(S3ErrorCode::AccessDenied, "only the object's owner may read its ACL"));
             }
-            Ok((owner_of(&engine, a.uid), a.mode & 0o004 != 0 && bucket_is_public(&engine, &caller, b.ino)))
+            let admitted = bucket_is_public(&engine, &caller, b.ino) || bucket_is_public(&engine, &caller, a.ino);
+            Ok((owner_of(&engine, a.uid), a.mode & 0o004 != 0 && admitted))
         })
         .await?;
         let grants = acl_grants(&owner, public);
@@ -1141,8 +1142,8 @@ impl S3 for AquiferS3 {
     }
 
     /// Sets the object's mode: `private` leaves only its owner's bits, `public-read` lets
-    /// everyone read (anonymous clients as well when the bucket is public-read). Only the
-    /// owner (or an administrator) may, as for chmod.
+    /// everyone read, anonymous clients included (also in a private bucket: the object is
+    /// marked). Only the owner (or an administrator) may, as for chmod.
     async fn put_object_acl(&self, req: S3Request<PutObjectAclInput>) -> S3Result<S3Response<PutObjectAclOutput>> {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
@@ -1156,7 +1157,16 @@ impl S3 for AquiferS3 {
             engine
                 .setattr(&caller, a.ino, storage_engine::SetAttr { mode: Some(mode & 0o7777), ..Default::default() })
                 .map_err(|e| map_err(e, Missing::Key))?;
-            Ok(())
+            // The object-level mark that admits anonymous reads in a private bucket.
+            let r = if public {
+                engine.setxattr(&caller, a.ino, XATTR_PUBLIC_READ, b"1")
+            } else {
+                match engine.removexattr(&caller, a.ino, XATTR_PUBLIC_READ) {
+                    Err(Error::NotFound) => Ok(()),
+                    r => r,
+                }
+            };
+            r.map_err(|e| map_err(e, Missing::Key))
         })
         .await?;
         Ok(S3Response::new(PutObjectAclOutput::default()))
@@ -1186,6 +1196,7 @@ impl S3 for AquiferS3 {
         }
         let key = object_key(&input.key)?.to_string();
         let mode = object_mode(input.acl.as_ref())?;
+        let public_acl = input.acl.as_ref().is_some_and(|a| a.as_str() == ObjectCannedACL::PUBLIC_READ);
         refuse_auto_extract(input.metadata.as_ref())?;
         let tags = input.tagging.as_deref().map(parse_tagging_header).transpose()?.unwrap_or_default();
         let meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.expires, input.metadata);
@@ -1223,6 +1234,10 @@ impl S3 for AquiferS3 {
         // Publishing runs on the blocking pool with the guard moved there, so that a client
         // leaving now can neither interrupt it nor abort a published file.
         blocking(move || {
+            if public_acl {
+                // Anonymous clients may read this object even in a private bucket.
+                staged.engine.setxattr(&staged.caller, staged.ino, XATTR_PUBLIC_READ, b"1").map_err(|e| map_err(e, Missing::Key))?;
+            }
             let a = publish(&staged.engine, &staged.caller, bucket_ino, &key, staged.ino, &et, &meta, &tags)?;
             staged.disarm();
             Ok(a)

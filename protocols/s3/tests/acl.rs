@@ -30,10 +30,30 @@ async fn object_acls_are_the_file_mode() {
     assert_eq!(res.status().as_u16(), 200, "{}", res.text().await.unwrap());
     assert_eq!(mode(&s).await, 0o600);
 
+    // public-read marks the object: anonymous clients read it even in a private bucket, and
+    // the ACL says so; private takes the mark away again.
+    let url = format!("{}/acl/dir/o", s.endpoint());
+    let res = s.signed("PUT", "/acl/dir/o", &[("acl", "")], vec![]).header("x-amz-acl", "public-read").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(s.http.get(&url).send().await.unwrap().text().await.unwrap(), "data");
+    let (_, acl) = s.call("GET", "/acl/dir/o", &[("acl", "")], vec![]).await;
+    assert!(acl.contains(ALL_USERS), "{acl}");
+    let res = s.signed("PUT", "/acl/dir/o", &[("acl", "")], vec![]).header("x-amz-acl", "private").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(s.http.get(&url).send().await.unwrap().status().as_u16(), 403);
+    // PutObject with public-read marks it too; its neighbours stay private.
+    let res = s.signed("PUT", "/acl/dir/pub", &[], b"open".to_vec()).header("x-amz-acl", "public-read").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(s.http.get(format!("{}/acl/dir/pub", s.endpoint())).send().await.unwrap().text().await.unwrap(), "open");
+    let res = s.http.head(format!("{}/acl/dir/pub", s.endpoint())).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(s.http.get(&url).send().await.unwrap().status().as_u16(), 403);
+    assert_eq!(s.http.get(format!("{}/acl?list-type=2", s.endpoint())).send().await.unwrap().status().as_u16(), 403, "listing stays private");
+    assert_eq!(s.http.put(format!("{}/acl/dir/pub", s.endpoint())).body("x").send().await.unwrap().status().as_u16(), 403, "reads only");
+
     // public-read in a public-read bucket: anonymous clients read it, and the ACL says so.
     let res = s.signed("PUT", "/acl", &[("acl", "")], vec![]).header("x-amz-acl", "public-read").send().await.unwrap();
     assert_eq!(res.status().as_u16(), 200);
-    let url = format!("{}/acl/dir/o", s.endpoint());
     assert_eq!(s.http.get(&url).send().await.unwrap().status().as_u16(), 403, "still private");
     let res = s.signed("PUT", "/acl/dir/o", &[("acl", "")], vec![]).header("x-amz-acl", "public-read").send().await.unwrap();
     assert_eq!(res.status().as_u16(), 200);
