@@ -446,11 +446,13 @@ async fn run_chain(
         let range = request.range.clone();
         let remaining = chain.requests.len() - chain.next;
         let received = &chain.frame[range.clone()];
-        let mut sub_frame = received.to_vec();
+        // Copied only when related ids are filled in (Aquifer patch: a
+        // MiB-sized WRITE was copied here every time).
+        let mut sub_frame: Cow<'_, [u8]> = Cow::Borrowed(received);
         let mut failure = chain.chain_failure;
         if failure.is_none()
             && req_hdr.flags & SMB2_FLAGS_RELATED_OPERATIONS != 0
-            && let Err(f) = chain.related.apply(&mut sub_frame, &mut req_hdr)
+            && let Err(f) = chain.related.apply(sub_frame.to_mut(), &mut req_hdr)
         {
             failure = Some(f.status);
             if f.rest_of_chain {
@@ -526,11 +528,12 @@ async fn run_chain(
                                 chain.encrypted,
                             )
                             .await;
+                            let request = sub_frame.into_owned();
                             take_cancels(server, conn, chain).await;
                             return Some(Suspended {
                                 pending,
                                 ctx,
-                                request: sub_frame,
+                                request,
                             });
                         } else {
                             // No room for an interim response: the request

@@ -15,7 +15,6 @@
 //! 3. Place the first 16 bytes of MAC at bytes 48..64.
 
 use aes::Aes128;
-use aes_gcm::aead::generic_array::GenericArray;
 use cmac::Cmac;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -61,42 +60,34 @@ fn gmac_nonce(msg: &[u8]) -> [u8; 12] {
 }
 
 /// The AES-GMAC tag (AES-GCM with `parts`, joined, as the associated data
-/// and nothing encrypted) under `nonce`. Aquifer patch: GHASH comes from
-/// `ghash` 0.6, whose POLYVAL multiplies four blocks per reduction (about
-/// 5 GiB/s here against 1.6 for `aes-gcm` 0.10's one block at a time), and
-/// the parts are hashed where they lie, so verifying a MiB-sized WRITE no
-/// longer copies it to zero its signature field. Every part but the last
-/// must be a whole number of 16-byte blocks.
-fn gmac(parts: &[&[u8]], nonce: &[u8; 12], key: &[u8; 16]) -> [u8; SIG_LEN] {
-    use aes::cipher::{BlockEncrypt, KeyInit as _};
-    use ghash::universal_hash::UniversalHash as _;
-
-    let aes = Aes128::new(GenericArray::from_slice(key));
-    let mut h = GenericArray::from([0u8; 16]);
-    aes.encrypt_block(&mut h);
-    let h: [u8; 16] = h.into();
-    let mut ghash = ghash::GHash::new(&h.into());
-    let mut len = 0u64;
-    for (i, part) in parts.iter().enumerate() {
-        debug_assert!(i + 1 == parts.len() || part.len() % 16 == 0, "GMAC part not whole blocks");
-        ghash.update_padded(part);
-        len += part.len() as u64;
+/// and nothing encrypted) under `nonce`. Aquifer patch: computed by
+/// OpenSSL, whose GHASH folds eight blocks per reduction with carry-less
+/// multiplies (about 8.5 GiB/s on one core here, against 1.6 for `aes-gcm`
+/// 0.10 and 5 for `ghash` 0.6), and the parts are hashed where they lie, so
+/// verifying a MiB-sized WRITE no longer copies it to zero its signature
+/// field.
+fn gmac(parts: &[&[u8]], nonce: &[u8; 12], key: &[u8; 16]) -> ProtoResult<[u8; SIG_LEN]> {
+    use openssl::symm::{Cipher, Crypter, Mode};
+    let failed = |_| ProtoError::Crypto("AES-GMAC failed");
+    let mut gcm = Crypter::new(Cipher::aes_128_gcm(), Mode::Encrypt, key, Some(nonce))
+        .map_err(failed)?;
+    for part in parts {
+        gcm.aad_update(part).map_err(failed)?;
     }
-    // The lengths block: associated data in bits, then no ciphertext.
-    let mut lengths = [0u8; 16];
-    lengths[..8].copy_from_slice(&(len * 8).to_be_bytes());
-    ghash.update_padded(&lengths);
-    let s: [u8; 16] = ghash.finalize().into();
-    let mut j0 = GenericArray::from([0u8; 16]);
-    j0[..12].copy_from_slice(nonce);
-    j0[15] = 1;
-    aes.encrypt_block(&mut j0);
-    std::array::from_fn(|i| s[i] ^ j0[i])
+    // Nothing is encrypted: GCM's final step produces no bytes.
+    gcm.finalize(&mut []).map_err(failed)?;
+    let mut tag = [0u8; SIG_LEN];
+    gcm.get_tag(&mut tag).map_err(failed)?;
+    Ok(tag)
 }
 
 /// Compute the 16-byte MAC over `msg` as if the SMB2 signature field were
 /// zeroed, without copying the whole message.
-fn compute_mac_zeroed_signature(msg: &[u8], key: &[u8; 16], algo: SigningAlgo) -> [u8; SIG_LEN] {
+fn compute_mac_zeroed_signature(
+    msg: &[u8],
+    key: &[u8; 16],
+    algo: SigningAlgo,
+) -> ProtoResult<[u8; SIG_LEN]> {
     let mut out = [0u8; SIG_LEN];
     let zero_signature = [0u8; SIG_LEN];
     let prefix = &msg[..SIG_OFF];
@@ -122,10 +113,10 @@ fn compute_mac_zeroed_signature(msg: &[u8], key: &[u8; 16], algo: SigningAlgo) -
             out.copy_from_slice(&full[..SIG_LEN]);
         }
         SigningAlgo::AesGmac => {
-            out = gmac(&[prefix, &zero_signature, suffix], &gmac_nonce(msg), key);
+            out = gmac(&[prefix, &zero_signature, suffix], &gmac_nonce(msg), key)?;
         }
     }
-    out
+    Ok(out)
 }
 
 /// Compute and embed a signature in `msg`. Mutates `msg` in place.
@@ -141,7 +132,7 @@ pub fn sign(msg: &mut [u8], key: &[u8; 16], algo: SigningAlgo) -> ProtoResult<()
 
     // Compute MAC over the whole message with the signature field treated as
     // zero, then place the MAC into the signature field.
-    let mac = compute_mac_zeroed_signature(msg, key, algo);
+    let mac = compute_mac_zeroed_signature(msg, key, algo)?;
     msg[SIG_OFF..SIG_OFF + SIG_LEN].copy_from_slice(&mac);
 
     Ok(())
@@ -160,7 +151,7 @@ pub fn verify(msg: &[u8], key: &[u8; 16], algo: SigningAlgo) -> ProtoResult<()> 
     let mut embedded = [0u8; SIG_LEN];
     embedded.copy_from_slice(&msg[SIG_OFF..SIG_OFF + SIG_LEN]);
 
-    let computed = compute_mac_zeroed_signature(msg, key, algo);
+    let computed = compute_mac_zeroed_signature(msg, key, algo)?;
 
     if constant_time_eq(&embedded, &computed) {
         Ok(())
@@ -349,6 +340,7 @@ mod tests {
     #[test]
     fn aes_gmac_is_aes_gcm_over_the_message_as_associated_data() {
         use aes_gcm::Aes128Gcm;
+        use aes_gcm::aead::generic_array::GenericArray;
         use aes_gcm::aead::{AeadInPlace, KeyInit};
         let key = [0x5Cu8; 16];
         let cipher = Aes128Gcm::new(GenericArray::from_slice(&key));
