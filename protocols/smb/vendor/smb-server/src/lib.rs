@@ -334,6 +334,7 @@ mod server;
 #[cfg(test)]
 mod tests {
     mod async_requests;
+    mod concurrent_io;
     #[cfg(feature = "discovery")]
     mod discovery;
     mod durable;

@@ -261,7 +261,7 @@ async fn read_frames(
                 return Err(e);
             }
         };
-        if has_session && runs_beside(conn, &frame).await {
+        if runs_beside(conn, &frame).await {
             let slot = tokio::select! {
                 slot = Arc::clone(slots).acquire_owned() => slot.expect("the semaphore is never closed"),
                 _ = tx.closed() => {

@@ -29,6 +29,9 @@ struct MemInner {
     read_only: std::collections::HashSet<String>,
     /// Handles opened and not yet closed.
     open_handles: usize,
+    /// Each READ and WRITE of a file waits here, so a test can tell that
+    /// several run at once.
+    io_gate: Option<std::sync::Arc<tokio::sync::Barrier>>,
 }
 
 impl Default for MemFsBackend {
@@ -49,6 +52,17 @@ impl MemFsBackend {
     /// Handles opened and not yet closed.
     pub fn open_handles(&self) -> usize {
         self.inner.lock().unwrap().open_handles
+    }
+
+    /// Every file READ and WRITE waits until `n` of them are waiting.
+    pub fn with_io_gate(self, n: usize) -> Self {
+        self.inner.lock().unwrap().io_gate = Some(std::sync::Arc::new(tokio::sync::Barrier::new(n)));
+        self
+    }
+
+    /// The contents of the file `path`.
+    pub fn contents(&self, path: &str) -> Option<Vec<u8>> {
+        self.inner.lock().unwrap().files.get(path).cloned()
     }
 
     pub fn with_file(self, path: &str, contents: &[u8]) -> Self {
@@ -218,6 +232,13 @@ impl MemHandle {
         }
     }
 
+    async fn pass_gate(&self) {
+        let gate = self.inner.lock().unwrap().io_gate.clone();
+        if let Some(gate) = gate {
+            gate.wait().await;
+        }
+    }
+
     fn dir(inner: std::sync::Arc<Mutex<MemInner>>, key: String) -> Self {
         Self {
             inner,
@@ -233,6 +254,7 @@ impl Handle for MemHandle {
         if self.is_dir {
             return Err(SmbError::IsDirectory);
         }
+        self.pass_gate().await;
         let g = self.inner.lock().unwrap();
         let data = g.files.get(&self.key).ok_or(SmbError::NotFound)?;
         let start = offset as usize;
@@ -247,6 +269,7 @@ impl Handle for MemHandle {
         if self.is_dir {
             return Err(SmbError::IsDirectory);
         }
+        self.pass_gate().await;
         let mut g = self.inner.lock().unwrap();
         let buf = g.files.get_mut(&self.key).ok_or(SmbError::NotFound)?;
         let needed = (offset as usize) + data.len();
