@@ -822,6 +822,19 @@ fn list(engine: &Engine, caller: &Caller, bucket: &str, prefix: &str, delimiter:
     Ok(Listing { objects, prefixes, next })
 }
 
+/// [`list`], with the owner (id and display name) of each object's uid when `owners`.
+#[allow(clippy::too_many_arguments)] // list's arguments and one switch
+fn list_with_owners(engine: &Engine, caller: &Caller, bucket: &str, prefix: &str, delimiter: Option<&str>, start_after: &str, max: usize, owners: bool) -> S3Result<(Listing, BTreeMap<u32, Owner>)> {
+    let l = list(engine, caller, bucket, prefix, delimiter, start_after, max)?;
+    let mut by_uid = BTreeMap::new();
+    if owners {
+        for (_, a, _) in &l.objects {
+            by_uid.entry(a.uid).or_insert_with(|| owner_of(engine, a.uid));
+        }
+    }
+    Ok((l, by_uid))
+}
+
 fn owner_of(engine: &Engine, uid: u32) -> Owner {
     let name = engine.caller_for_uid(uid, 0, &[]).map(|c| c.user).unwrap_or_else(|_| format!("uid:{uid}"));
     Owner { display_name: Some(name), id: Some(uid.to_string()) }
@@ -1448,7 +1461,7 @@ impl S3 for AquiferS3 {
         let enc = move |s: String| if url { url_encode(&s) } else { s };
         let (bucket, prefix, delim, marker) =
             (input.bucket.clone(), input.prefix.clone().unwrap_or_default(), input.delimiter.clone(), input.marker.clone().unwrap_or_default());
-        let l = blocking(move || list(&engine, &caller, &bucket, &prefix, delim.as_deref(), &marker, max)).await?;
+        let (l, owners) = blocking(move || list_with_owners(&engine, &caller, &bucket, &prefix, delim.as_deref(), &marker, max, true)).await?;
         let contents: Vec<Object> = l
             .objects
             .into_iter()
@@ -1458,7 +1471,7 @@ impl S3 for AquiferS3 {
                 last_modified: Some(timestamp(a.mtime_ns)),
                 e_tag: Some(quoted(&etag)),
                 storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
-                owner: Some(Owner { id: Some(a.uid.to_string()), display_name: None }),
+                owner: owners.get(&a.uid).cloned(),
                 ..Default::default()
             })
             .collect();
@@ -1498,17 +1511,7 @@ impl S3 for AquiferS3 {
         };
         let fetch_owner = input.fetch_owner.unwrap_or(false);
         let (bucket, prefix, delim) = (input.bucket.clone(), input.prefix.clone().unwrap_or_default(), input.delimiter.clone());
-        let (l, owners) = blocking(move || {
-            let l = list(&engine, &caller, &bucket, &prefix, delim.as_deref(), &start, max)?;
-            let mut owners = BTreeMap::new();
-            if fetch_owner {
-                for (_, a, _) in &l.objects {
-                    owners.entry(a.uid).or_insert_with(|| owner_of(&engine, a.uid));
-                }
-            }
-            Ok((l, owners))
-        })
-        .await?;
+        let (l, owners) = blocking(move || list_with_owners(&engine, &caller, &bucket, &prefix, delim.as_deref(), &start, max, fetch_owner)).await?;
         let key_count = (l.objects.len() + l.prefixes.len()) as i32;
         let contents: Vec<Object> = l
             .objects
@@ -1551,7 +1554,7 @@ impl S3 for AquiferS3 {
         let enc = move |s: String| if url { url_encode(&s) } else { s };
         let (bucket, prefix, delim, marker) =
             (input.bucket.clone(), input.prefix.clone().unwrap_or_default(), input.delimiter.clone(), input.key_marker.clone().unwrap_or_default());
-        let l = blocking(move || list(&engine, &caller, &bucket, &prefix, delim.as_deref(), &marker, max)).await?;
+        let (l, owners) = blocking(move || list_with_owners(&engine, &caller, &bucket, &prefix, delim.as_deref(), &marker, max, true)).await?;
         let versions: Vec<ObjectVersion> = l
             .objects
             .into_iter()
@@ -1563,7 +1566,7 @@ impl S3 for AquiferS3 {
                 last_modified: Some(timestamp(a.mtime_ns)),
                 e_tag: Some(quoted(&etag)),
                 storage_class: Some(ObjectVersionStorageClass::from_static(ObjectVersionStorageClass::STANDARD)),
-                owner: Some(Owner { id: Some(a.uid.to_string()), display_name: None }),
+                owner: owners.get(&a.uid).cloned(),
                 ..Default::default()
             })
             .collect();

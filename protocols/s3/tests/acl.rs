@@ -98,6 +98,13 @@ async fn object_acls_are_the_file_mode() {
     assert_eq!(mode(&s).await, 0o600);
     let res = s.signed_with("GET", "/acl/dir/o", &[("acl", "")], vec![], &bob_access, &bob_secret).send().await.unwrap();
     assert_eq!(res.status().as_u16(), 403);
+    // Listings (v1 always, v2 with fetch-owner) name the owner as the ACL does.
+    let (_, v1) = s.call("GET", "/acl", &[], vec![]).await;
+    assert!(v1.contains("<DisplayName>alice</DisplayName>") && v1.contains(&format!("<ID>{alice_uid}</ID>")), "{v1}");
+    let (_, v2) = s.call("GET", "/acl", &[("list-type", "2"), ("fetch-owner", "true")], vec![]).await;
+    assert!(v2.contains("<DisplayName>alice</DisplayName>"), "{v2}");
+    let (_, v2) = s.call("GET", "/acl", &[("list-type", "2")], vec![]).await;
+    assert!(!v2.contains("<Owner>"), "{v2}");
     // Missing objects answer NoSuchKey.
     let res = s.signed("GET", "/acl/dir/none", &[("acl", "")], vec![]).send().await.unwrap();
     assert_eq!(res.status().as_u16(), 404);
