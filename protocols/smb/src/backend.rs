@@ -27,6 +27,10 @@ const BLOCK: u64 = 4096;
 /// read from four drives at once), so a client's MiB-sized READs do not each wait for their
 /// own drive read.
 const READ_AHEAD: usize = 4 << 20;
+/// Read-ahead chunks being read at once for one handle, beyond the one being served: two
+/// keep the drives busy while a client's pipelined READs take a chunk faster than one stripe
+/// read completes.
+const READ_AHEAD_DEPTH: usize = 2;
 /// Most read-ahead bytes held by one share's handles together; past it reads go straight to
 /// the engine.
 const READ_AHEAD_BUDGET: usize = 256 << 20;
@@ -368,14 +372,15 @@ impl Drop for Chunk {
 struct ReadAhead {
     next: u64,
     chunk: Option<Chunk>,
-    pending: Option<(u64, tokio::task::JoinHandle<SmbResult<Chunk>>)>,
+    /// Chunks being read, in file order, each starting where the one before ends.
+    pending: std::collections::VecDeque<(u64, tokio::task::JoinHandle<SmbResult<Chunk>>)>,
 }
 
 impl ReadAhead {
     fn clear(&mut self) {
         self.chunk = None;
         // A read still running finishes on its own; its chunk is dropped with the handle.
-        self.pending = None;
+        self.pending.clear();
     }
 }
 
@@ -408,7 +413,7 @@ impl Handle for EngineHandle {
         // runs a connection's READs concurrently, so a client's pipelined READs may take this
         // lock slightly out of order: one that falls in the chunk being served or the one being
         // read continues the sequence too.
-        let in_pending = ra.pending.as_ref().is_some_and(|(start, _)| *start <= offset && offset + want <= start + READ_AHEAD as u64);
+        let in_pending = ra.pending.iter().any(|(start, _)| *start <= offset && offset + want <= start + READ_AHEAD as u64);
         let sequential = offset > 0 && (offset == ra.next || ra.chunk.as_ref().is_some_and(|c| c.covers(offset, want)) || in_pending);
         // A READ that arrived just behind the sequence (its neighbour took the lock first) is
         // read on its own, leaving the read-ahead to the READs after it.
@@ -424,12 +429,12 @@ impl Handle for EngineHandle {
         }
         if !ra.chunk.as_ref().is_some_and(|c| c.covers(offset, want)) {
             ra.chunk = None;
-            if let Some((start, task)) = ra.pending.take() {
-                if start <= offset {
-                    match task.await {
-                        Ok(Ok(c)) if c.covers(offset, want) => ra.chunk = Some(c),
-                        _ => {}
-                    }
+            // Chunks before the one holding `offset` are passed over.
+            while ra.chunk.is_none() && ra.pending.front().is_some_and(|(start, _)| *start <= offset) {
+                let (_, task) = ra.pending.pop_front().expect("front checked");
+                match task.await {
+                    Ok(Ok(c)) if c.covers(offset, want) => ra.chunk = Some(c),
+                    _ => {}
                 }
             }
         }
@@ -451,12 +456,16 @@ impl Handle for EngineHandle {
         let from = (offset - chunk.offset) as usize;
         let to = (from + len as usize).min(chunk.data.len());
         let out = chunk.data.slice(from.min(to)..to);
-        let (next, at_eof) = (chunk.offset + chunk.data.len() as u64, chunk.at_eof);
+        let (chunk_end, at_eof) = (chunk.offset + chunk.data.len() as u64, chunk.at_eof);
         ra.next = offset + out.len() as u64;
-        // Start reading the next chunk while the client takes this one.
-        if !at_eof && ra.pending.is_none() && self.ahead_bytes.load(Ordering::Relaxed) + READ_AHEAD <= READ_AHEAD_BUDGET {
+        // Read the next chunks while the client takes this one, not past the file's end.
+        while !at_eof && ra.pending.len() < READ_AHEAD_DEPTH && self.ahead_bytes.load(Ordering::Relaxed) + READ_AHEAD <= READ_AHEAD_BUDGET {
+            let next = ra.pending.back().map_or(chunk_end, |(start, _)| start + READ_AHEAD as u64);
+            if next >= current.size {
+                break;
+            }
             let (engine, caller, ino, budget) = (self.engine.clone(), self.caller.clone(), self.ino, self.ahead_bytes.clone());
-            ra.pending = Some((next, tokio::task::spawn_blocking(move || read_chunk(&engine, &caller, ino, next, READ_AHEAD, budget))));
+            ra.pending.push_back((next, tokio::task::spawn_blocking(move || read_chunk(&engine, &caller, ino, next, READ_AHEAD, budget))));
         }
         Ok(out)
     }

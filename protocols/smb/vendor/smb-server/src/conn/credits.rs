@@ -5,8 +5,9 @@ use std::collections::VecDeque;
 
 /// Most credits a client holds at once. Aquifer patch: 8192, Samba's
 /// default (`smb2 max credits`), was 512; smbtorture's credit tests expect a
-/// client asking for 8192 to get them. A connection's requests are still
-/// answered one at a time (asynchronous ones up to the pending limit).
+/// client asking for 8192 to get them. A connection's READs and WRITEs run
+/// up to `reader::CONCURRENT_IO_REQUESTS_MAX` at once, its other requests
+/// one at a time (asynchronous ones up to the pending limit).
 pub const MAX_CREDITS: u64 = 8192;
 
 /// The MessageIds a client may use: each id from `low` up to
