@@ -339,7 +339,11 @@ impl Fabric {
     }
 
     pub fn spoke_stats(&self, id: &str) -> Option<serde_json::Value> {
-        self.spokes.read().get(id).map(|r| r.portal.stats.to_json())
+        self.spokes.read().get(id).map(|r| {
+            let mut v = r.portal.stats.to_json();
+            v["files_busy"] = serde_json::json!(r.portal.files_busy());
+            v
+        })
     }
 
     // ------------------------------------------------------------ hub side

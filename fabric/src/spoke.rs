@@ -132,6 +132,33 @@ struct FillState {
 
 type FillSlot = Arc<(Mutex<FillState>, parking_lot::Condvar)>;
 
+/// A file's fill slot while someone uses it. The last user to let go takes it out of the
+/// table, so the table holds only files being filled, evicted or pushed right now.
+struct SlotRef<'a> {
+    table: &'a Mutex<HashMap<Ino, FillSlot>>,
+    ino: Ino,
+    slot: FillSlot,
+}
+
+impl std::ops::Deref for SlotRef<'_> {
+    type Target = (Mutex<FillState>, parking_lot::Condvar);
+
+    fn deref(&self) -> &Self::Target {
+        &self.slot
+    }
+}
+
+impl Drop for SlotRef<'_> {
+    fn drop(&mut self) {
+        let mut table = self.table.lock();
+        // Two references: the table's and this one. Nobody else can take one meanwhile,
+        // since taking one needs the table's lock.
+        if Arc::strong_count(&self.slot) == 2 && table.get(&self.ino).is_some_and(|s| Arc::ptr_eq(s, &self.slot)) {
+            table.remove(&self.ino);
+        }
+    }
+}
+
 /// Settings of a spoke portal.
 #[derive(Debug, Clone)]
 pub struct SpokeSettings {
@@ -621,8 +648,14 @@ impl SpokePortal {
 
     // ------------------------------------------------------------ data
 
-    fn fill_slot(&self, ino: Ino) -> FillSlot {
-        self.fill_locks.lock().entry(ino).or_default().clone()
+    fn fill_slot(&self, ino: Ino) -> SlotRef<'_> {
+        let slot = self.fill_locks.lock().entry(ino).or_default().clone();
+        SlotRef { table: &self.fill_locks, ino, slot }
+    }
+
+    /// Files whose cache is being filled, evicted or pushed to the hub right now.
+    pub fn files_busy(&self) -> usize {
+        self.fill_locks.lock().len()
     }
 
     fn manifest(&self, ino: Ino, stub: &RemoteStub) -> Result<Arc<Vec<ChunkRef>>> {
