@@ -27,6 +27,9 @@ pub struct AlignedBuf {
     len: usize,
     /// Size of the allocation, a multiple of BLOCK_BYTES; 0 means nothing was allocated.
     capacity: usize,
+    /// Every byte is initialised. Only a buffer made by [`AlignedBuf::for_read`] starts
+    /// without, until the drive that reads into it has filled it.
+    filled: bool,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
@@ -39,7 +42,7 @@ impl AlignedBuf {
     pub fn zeroed(len: usize) -> Self {
         let capacity = round_up_to_block(len);
         if capacity == 0 {
-            return Self { ptr: Self::dangling(), len: 0, capacity: 0 };
+            return Self { ptr: Self::dangling(), len: 0, capacity: 0, filled: true };
         }
         let layout = Self::layout(capacity);
         // SAFETY: layout has a non-zero size.
@@ -48,7 +51,41 @@ impl AlignedBuf {
             alloc::handle_alloc_error(layout);
         };
         debug_assert_eq!(ptr.as_ptr() as usize % BLOCK_BYTES, 0);
-        Self { ptr, len, capacity }
+        Self { ptr, len, capacity, filled: true }
+    }
+
+    /// A buffer of `len` bytes (a multiple of BLOCK_BYTES) for a drive read to fill, left
+    /// uninitialised: zeroing MiB-sized buffers that a read overwrites anyway cost about a
+    /// tenth of the daemon's CPU in a large GET. Nothing may look at its bytes before
+    /// [`assume_filled`](Self::assume_filled), which a drive calls once the read has filled
+    /// every byte (a drive read fills the whole buffer or fails, dropping it).
+    pub(crate) fn for_read(len: usize) -> Self {
+        assert!(len.is_multiple_of(BLOCK_BYTES), "a read buffer is whole blocks");
+        if len == 0 {
+            return Self::zeroed(0);
+        }
+        let layout = Self::layout(len);
+        // SAFETY: layout has a non-zero size.
+        let raw = unsafe { alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout);
+        };
+        Self { ptr, len, capacity: len, filled: false }
+    }
+
+    /// Where the drive reads the byte at `at` into (`at` < the padded length).
+    pub(crate) fn read_ptr(&mut self, at: usize) -> *mut u8 {
+        assert!(at < self.padded_len().max(1), "read pointer past the buffer");
+        // SAFETY: `at` lies inside the allocation (or is 0 for an empty one).
+        unsafe { self.ptr.as_ptr().add(at) }
+    }
+
+    /// Declares the buffer filled.
+    ///
+    /// # Safety
+    /// Every byte of the allocation has been written (through [`read_ptr`](Self::read_ptr)).
+    pub(crate) unsafe fn assume_filled(&mut self) {
+        self.filled = true;
     }
 
     /// A buffer holding a copy of `data`, zero-padded to a multiple of BLOCK_BYTES.
@@ -63,7 +100,7 @@ impl AlignedBuf {
         assert!(data.len() <= len, "data longer than the buffer");
         let capacity = round_up_to_block(len);
         if capacity == 0 {
-            return Self { ptr: Self::dangling(), len: 0, capacity: 0 };
+            return Self { ptr: Self::dangling(), len: 0, capacity: 0, filled: true };
         }
         let layout = Self::layout(capacity);
         // SAFETY: layout has a non-zero size.
@@ -78,7 +115,7 @@ impl AlignedBuf {
             std::ptr::write_bytes(ptr.as_ptr().add(data.len()), 0, capacity - data.len());
         }
         debug_assert_eq!(ptr.as_ptr() as usize % BLOCK_BYTES, 0);
-        Self { ptr, len, capacity }
+        Self { ptr, len, capacity, filled: true }
     }
 
     pub fn len(&self) -> usize {
@@ -108,12 +145,14 @@ impl AlignedBuf {
 
     /// The buffer including its zero padding: what a write sends to a drive.
     pub(crate) fn padded(&self) -> &[u8] {
+        assert!(self.filled, "bytes of an unfilled read buffer");
         // SAFETY: the allocation holds at least padded_len() initialised bytes.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.padded_len()) }
     }
 
     /// The buffer including its padding, writable: where a read lands.
     pub(crate) fn padded_mut(&mut self) -> &mut [u8] {
+        assert!(self.filled, "bytes of an unfilled read buffer");
         // SAFETY: as for `padded`, and `&mut self` makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.padded_len()) }
     }
@@ -138,7 +177,7 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.capacity != 0 {
-            // SAFETY: allocated in `zeroed` with this exact layout.
+            // SAFETY: allocated by a constructor with this exact layout.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.capacity)) };
         }
     }
@@ -147,13 +186,15 @@ impl Drop for AlignedBuf {
 impl Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `len` bytes are initialised (zeroed at allocation).
+        assert!(self.filled, "bytes of an unfilled read buffer");
+        // SAFETY: `len` bytes are initialised (zeroed or copied at allocation, or read into).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
 
 impl DerefMut for AlignedBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
+        assert!(self.filled, "bytes of an unfilled read buffer");
         // SAFETY: as for Deref, with exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
@@ -195,6 +236,27 @@ mod tests {
             assert!(buf.iter().all(|&b| b == 0));
             assert!(buf.padding_is_zero());
         }
+    }
+
+    /// A read buffer's bytes cannot be looked at before the drive declares it filled.
+    #[test]
+    #[should_panic(expected = "unfilled read buffer")]
+    fn read_buffers_refuse_access_until_filled() {
+        let buf = AlignedBuf::for_read(2 * BLOCK_BYTES);
+        let _ = buf[0];
+    }
+
+    #[test]
+    fn read_buffers_hold_what_was_read_into_them() {
+        let mut buf = AlignedBuf::for_read(2 * BLOCK_BYTES);
+        assert_eq!(buf.read_ptr(0) as usize % BLOCK_BYTES, 0);
+        for at in 0..buf.padded_len() {
+            // SAFETY: `at` is inside the allocation.
+            unsafe { buf.read_ptr(at).write(at as u8) };
+        }
+        // SAFETY: every byte was written above.
+        unsafe { buf.assume_filled() };
+        assert!(buf.iter().enumerate().all(|(i, &b)| b == i as u8));
     }
 
     #[test]

@@ -50,7 +50,8 @@ impl Default for DriveOpenOptions {
 /// One request travelling from a drive's front to its I/O thread. The request owns its buffer
 /// until the thread hands it back through the completer.
 pub(crate) enum Request {
-    /// `buf` is zeroed and exactly the requested length; the data lands in it.
+    /// `buf` is from [`AlignedBuf::for_read`], exactly the requested length; the data lands
+    /// in it, and it is handed back only once every byte was read.
     Read { offset: u64, buf: AlignedBuf, done: Completer<AlignedBuf> },
     Write { offset: u64, buf: AlignedBuf, done: Completer<AlignedBuf> },
     Sync { done: Completer<()> },
@@ -180,8 +181,9 @@ impl BlockDevice for ThreadedDrive {
         if let Err(e) = check_io(&self.name, "read", offset, len, self.capacity) {
             return IoCompletion::ready(Err(e));
         }
-        // Allocated here, on the caller's thread, so the I/O thread only does I/O.
-        let buf = AlignedBuf::zeroed(len);
+        // Allocated here, on the caller's thread, so the I/O thread only does I/O; not zeroed,
+        // since the read fills it or fails.
+        let buf = AlignedBuf::for_read(len);
         if len == 0 {
             return IoCompletion::ready(Ok(buf));
         }

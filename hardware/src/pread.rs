@@ -9,6 +9,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 
+use crate::buf::AlignedBuf;
 use crate::drive::{Request, ThreadedDrive, with_context};
 use crate::IoBackendKind;
 
@@ -26,8 +27,13 @@ fn serve(file: &File, name: &str, rx: Receiver<Request>) {
     while let Ok(request) = rx.recv() {
         match request {
             Request::Read { offset, mut buf, done } => {
-                let result = read_exact_at(file, buf.padded_mut(), offset)
-                    .map(|()| buf)
+                let len = buf.padded_len();
+                let result = read_exact_at(file, &mut buf, len, offset)
+                    .map(|()| {
+                        // SAFETY: read_exact_at wrote all `len` bytes of the buffer.
+                        unsafe { buf.assume_filled() };
+                        buf
+                    })
                     .map_err(|e| with_context(e, format_args!("read at offset {offset} on drive {name}")));
                 done.complete(result);
             }
@@ -45,10 +51,15 @@ fn serve(file: &File, name: &str, rx: Receiver<Request>) {
     }
 }
 
-fn read_exact_at(file: &File, mut dst: &mut [u8], mut offset: u64) -> io::Result<()> {
-    while !dst.is_empty() {
-        // SAFETY: dst is a valid, exclusively borrowed buffer of dst.len() bytes.
-        let n = unsafe { libc::pread(file.as_raw_fd(), dst.as_mut_ptr().cast(), dst.len(), offset as libc::off_t) };
+/// Reads `len` bytes at `offset` into `buf` (whose allocation holds at least `len`), all of
+/// them or an error.
+fn read_exact_at(file: &File, buf: &mut AlignedBuf, len: usize, mut offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        let dst = buf.read_ptr(done);
+        // SAFETY: dst points at len - done writable bytes of the buffer's allocation, which
+        // `buf` borrows exclusively.
+        let n = unsafe { libc::pread(file.as_raw_fd(), dst.cast(), len - done, offset as libc::off_t) };
         if n < 0 {
             let err = io::Error::last_os_error();
             if matches!(err.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) {
@@ -61,7 +72,7 @@ fn read_exact_at(file: &File, mut dst: &mut [u8], mut offset: u64) -> io::Result
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "drive ended before the requested range"));
         }
         let n = n as usize;
-        dst = &mut dst[n..];
+        done += n;
         offset += n as u64;
     }
     Ok(())

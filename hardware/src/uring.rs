@@ -325,10 +325,10 @@ impl Worker {
         let fd = types::Fd(self.file.as_raw_fd());
         let entry = match self.slots[slot].as_mut().expect("push_sqe on an empty slot") {
             Op::Read { offset, buf, done_bytes, .. } => {
-                let rest = &mut buf.padded_mut()[*done_bytes..];
-                let len = rest.len().min(SQE_BYTES_MAX);
+                // The buffer is not filled yet (AlignedBuf::for_read): only its pointer is used.
+                let len = (buf.padded_len() - *done_bytes).min(SQE_BYTES_MAX);
                 debug_assert!(len > 0);
-                opcode::Read::new(fd, rest.as_mut_ptr(), len as u32).offset(*offset + *done_bytes as u64).build()
+                opcode::Read::new(fd, buf.read_ptr(*done_bytes), len as u32).offset(*offset + *done_bytes as u64).build()
             }
             Op::Write { offset, buf, done_bytes, .. } => {
                 let rest = &buf.padded()[*done_bytes..];
@@ -437,10 +437,17 @@ impl Worker {
         self.free.push(slot);
         let name = &self.name;
         match op {
-            Op::Read { offset, buf, done, .. } => {
+            Op::Read { offset, mut buf, done, .. } => {
                 let len = buf.len();
                 done.complete(
-                    result.map(|()| buf).map_err(|e| with_context(e, format_args!("read of {len} bytes at offset {offset} on drive {name}"))),
+                    result
+                        .map(|()| {
+                            // SAFETY: a read finishes with Ok only once done_bytes reached the
+                            // buffer's padded length (short transfers are continued).
+                            unsafe { buf.assume_filled() };
+                            buf
+                        })
+                        .map_err(|e| with_context(e, format_args!("read of {len} bytes at offset {offset} on drive {name}"))),
                 );
             }
             Op::Write { offset, buf, seq, done, .. } => {

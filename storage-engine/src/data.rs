@@ -577,7 +577,8 @@ impl DataStore {
         let sb = rec.shard_bytes as u64;
         let cb = CHECKSUM_BLOCK_BYTES as u64;
         let blocks = rec.checksum_blocks();
-        let mut out = vec![0u8; len];
+        // Filled piece by piece in order (the pieces tile the range), so never zeroed first.
+        let mut out = Vec::with_capacity(len);
         // (shard, read start in shard, bytes read, completion)
         let mut reads = Vec::new();
         let mut pos = offset;
@@ -616,8 +617,10 @@ impl DataStore {
                     }
                     let src = (from - shard as u64 * sb - a) as usize;
                     let n = (to - from) as usize;
-                    out[(from - offset) as usize..(from - offset) as usize + n]
-                        .copy_from_slice(&buf[src..src + n]);
+                    if ok {
+                        debug_assert_eq!(out.len() as u64, from - offset, "pieces arrive in order");
+                        out.extend_from_slice(&buf[src..src + n]);
+                    }
                 }
                 Err(e) => {
                     self.note_io_error(rec.placements[shard].drive, "read", &e);
@@ -626,10 +629,12 @@ impl DataStore {
             }
         }
         if ok {
+            debug_assert_eq!(out.len(), len);
             return Ok(out);
         }
         let data = self.reconstruct_data(rec)?;
-        out.copy_from_slice(&data[offset as usize..offset as usize + len]);
+        out.clear();
+        out.extend_from_slice(&data[offset as usize..offset as usize + len]);
         Ok(out)
     }
 

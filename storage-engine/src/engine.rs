@@ -786,8 +786,21 @@ impl Engine {
 
     /// Reads committed data (extents or inline), zeros for holes.
     pub(crate) fn read_committed(&self, ino: Ino, rec: &InodeRec, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; len];
         let end = offset + len as u64;
+        let extents = match rec.storage {
+            Storage::Extents => self.extents_overlapping(ino, offset, end)?,
+            Storage::Inline => Vec::new(),
+        };
+        // One extent covering the whole range (a sequential reader's usual case): its bytes
+        // are the answer, without zeroing and copying them into another buffer.
+        if let [(eoff, ext)] = extents.as_slice()
+            && *eoff <= offset
+            && eoff + ext.len >= end
+        {
+            let stripe = self.load_stripe(ext.stripe_id)?;
+            return self.data.read_range(&stripe, ext.stripe_offset + (offset - eoff), len);
+        }
+        let mut out = vec![0u8; len];
         match rec.storage {
             Storage::Inline => {
                 if let Some(v) = self.db.get_cf(self.cf(CF_INLINE), be64(ino))? {
@@ -797,7 +810,7 @@ impl Engine {
                 }
             }
             Storage::Extents => {
-                for (eoff, ext) in self.extents_overlapping(ino, offset, end)? {
+                for (eoff, ext) in extents {
                     let a = eoff.max(offset);
                     let b = (eoff + ext.len).min(end);
                     let stripe = self.load_stripe(ext.stripe_id)?;
