@@ -914,6 +914,17 @@ fn bucket_is_public(engine: &Engine, caller: &Caller, ino: Ino) -> bool {
     engine.getxattr(caller, ino, XATTR_PUBLIC_READ).is_ok_and(|v| v == b"1")
 }
 
+/// Sets or clears the public-read mark of a bucket or an object.
+fn mark_public_read(engine: &Engine, caller: &Caller, ino: Ino, public: bool) -> Result<(), Error> {
+    if public {
+        return engine.setxattr(caller, ino, XATTR_PUBLIC_READ, b"1");
+    }
+    match engine.removexattr(caller, ino, XATTR_PUBLIC_READ) {
+        Err(Error::NotFound) => Ok(()),
+        r => r,
+    }
+}
+
 /// The ACL S3 clients see for a bucket or an object: its owner has full control, and
 /// everyone may read when anonymous reads are actually admitted (a public-read bucket, or
 /// an object marked public-read, and for an object also a mode that lets others read it).
@@ -1120,15 +1131,7 @@ impl S3 for AquiferS3 {
         };
         blocking(move || {
             let b = bucket_attr(&engine, &caller, &bucket)?;
-            let r = if public {
-                engine.setxattr(&caller, b.ino, XATTR_PUBLIC_READ, b"1")
-            } else {
-                match engine.removexattr(&caller, b.ino, XATTR_PUBLIC_READ) {
-                    Err(Error::NotFound) => Ok(()),
-                    r => r,
-                }
-            };
-            r.map_err(|e| map_err(e, Missing::Bucket))
+            mark_public_read(&engine, &caller, b.ino, public).map_err(|e| map_err(e, Missing::Bucket))
         })
         .await?;
         Ok(S3Response::new(PutBucketAclOutput::default()))
@@ -1171,15 +1174,7 @@ impl S3 for AquiferS3 {
                 .setattr(&caller, a.ino, storage_engine::SetAttr { mode: Some(mode & 0o7777), ..Default::default() })
                 .map_err(|e| map_err(e, Missing::Key))?;
             // The object-level mark that admits anonymous reads in a private bucket.
-            let r = if public {
-                engine.setxattr(&caller, a.ino, XATTR_PUBLIC_READ, b"1")
-            } else {
-                match engine.removexattr(&caller, a.ino, XATTR_PUBLIC_READ) {
-                    Err(Error::NotFound) => Ok(()),
-                    r => r,
-                }
-            };
-            r.map_err(|e| map_err(e, Missing::Key))
+            mark_public_read(&engine, &caller, a.ino, public).map_err(|e| map_err(e, Missing::Key))
         })
         .await?;
         Ok(S3Response::new(PutObjectAclOutput::default()))
