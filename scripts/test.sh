@@ -16,3 +16,8 @@ cargo test --workspace --locked -- --test-threads=2
 # the workspace with its own lockfile and target directory (docs/smb.md).
 AQUIFER_BIN="$(cd "$CARGO_TARGET_DIR" && pwd)/debug/aquifer" CARGO_TARGET_DIR=/var/cache/aquifer-smbrs-target \
     cargo test --locked --manifest-path protocols/smb/client-tests/Cargo.toml
+# The vendored SMB library's own unit tests (the patches' included): it is outside the
+# workspace but resolved by its lockfile, built in a target directory of its own
+# (protocols/smb/vendor/README.md).
+CARGO_TARGET_DIR=/var/cache/aquifer-fuzz-target \
+    cargo test --locked --lib --manifest-path protocols/smb/vendor/smb-server/Cargo.toml
