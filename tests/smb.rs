@@ -420,3 +420,33 @@ fn shares_added_through_rest_and_the_cli_are_served_at_once_and_kept() {
     assert!(audit.contains("smb.share.add") && audit.contains("smb.share.remove"), "{audit}");
     d.stop();
 }
+
+/// `smbclient hardlink` (SET_INFO FileLinkInformation): a second name of the same file, seen
+/// over REST; an existing name collides, a directory has no links, and removing one name
+/// keeps the other.
+#[test]
+fn hard_links_are_second_names_of_one_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&dir.path().join("data"), &["--drive-size", "64MiB"]);
+    let first = work.path().join("first.txt");
+    let second = work.path().join("second.txt");
+    std::fs::write(&first, b"first version").unwrap();
+    std::fs::write(&second, b"second version, longer").unwrap();
+    smb_ok(&d, "aquifer", false, &format!("mkdir links; put {} links\\a.txt; hardlink links\\a.txt links\\b.txt", first.display()));
+    assert_eq!(rest_get(&d, "links/b.txt").bytes().unwrap().as_ref(), b"first version");
+    // Rewriting the file through one name changes what the other shows.
+    smb_ok(&d, "aquifer", false, &format!("put {} links\\a.txt", second.display()));
+    assert_eq!(rest_get(&d, "links/b.txt").bytes().unwrap().as_ref(), b"second version, longer");
+    for (commands, status) in [
+        ("hardlink links\\a.txt links\\b.txt", "NT_STATUS_OBJECT_NAME_COLLISION"),
+        ("mkdir links\\sub; hardlink links\\sub links\\sub2", "NT_STATUS_FILE_IS_A_DIRECTORY"),
+    ] {
+        let t = text(&smbclient(&d, "aquifer", "admin", ADMIN_PASSWORD, false, commands));
+        assert!(t.contains(status), "{commands}: {t}");
+    }
+    assert_eq!(rest_get(&d, "links/sub2").status(), 404, "no link to a directory was made");
+    smb_ok(&d, "aquifer", false, "rm links\\a.txt");
+    assert_eq!(rest_get(&d, "links/a.txt").status(), 404);
+    assert_eq!(rest_get(&d, "links/b.txt").bytes().unwrap().as_ref(), b"second version, longer", "the other name stays");
+}

@@ -289,6 +289,39 @@ impl ShareBackend for EngineShare {
         .await
     }
 
+    async fn link(&self, from: &SmbPath, to: &SmbPath, replace_if_exists: bool) -> SmbResult<()> {
+        if from.is_root() || to.is_root() {
+            return Err(SmbError::AccessDenied);
+        }
+        let engine = self.engine.clone();
+        let caller = request_caller(&engine, self.guest)?;
+        let (from, to) = (self.full(from), self.full(to));
+        blocking(move || {
+            let (from_dir, from_name) = split(&from);
+            let (to_dir, to_name) = split(&to);
+            let from_parent = resolve_dir(&engine, &caller, from_dir)?;
+            let source = lookup(&engine, &caller, from_parent.ino, from_name)?.ok_or(SmbError::NotFound)?;
+            if source.kind == FileKind::Dir {
+                return Err(SmbError::AccessDenied);
+            }
+            let to_parent = resolve_dir(&engine, &caller, to_dir)?;
+            if let Some(target) = lookup(&engine, &caller, to_parent.ino, to_name)? {
+                if target.kind == FileKind::Dir {
+                    return Err(SmbError::AccessDenied);
+                }
+                if target.ino == source.ino {
+                    return if replace_if_exists { Ok(()) } else { Err(SmbError::Exists) };
+                }
+                if !replace_if_exists {
+                    return Err(SmbError::Exists);
+                }
+                engine.unlink(&caller, to_parent.ino, to_name.as_bytes()).map_err(smb_error)?;
+            }
+            engine.link(&caller, source.ino, to_parent.ino, to_name.as_bytes()).map(|_| ()).map_err(smb_error)
+        })
+        .await
+    }
+
     fn capabilities(&self) -> BackendCapabilities {
         let mut c = BackendCapabilities::default();
         c.is_read_only = self.read_only;

@@ -250,6 +250,16 @@ pub trait ShareBackend: Send + Sync + 'static {
     /// replaced: fail with [`SmbError::AccessDenied`].
     async fn rename(&self, from: &SmbPath, to: &SmbPath, replace_if_exists: bool) -> SmbResult<()>;
 
+    /// Add `to` as another name (hard link) of the file `from`
+    /// (FileLinkInformation, MS-FSA 2.1.5.15.6). An existing file at `to` is
+    /// [`SmbError::Exists`] unless `replace_if_exists`, when it is replaced;
+    /// an existing directory at `to` is never replaced
+    /// ([`SmbError::AccessDenied`]). The default refuses with
+    /// [`SmbError::NotSupported`].
+    async fn link(&self, _from: &SmbPath, _to: &SmbPath, _replace_if_exists: bool) -> SmbResult<()> {
+        Err(SmbError::NotSupported)
+    }
+
     /// Static capabilities. TREE_CONNECT clamps access to read-only when
     /// `is_read_only` is set.
     fn capabilities(&self) -> BackendCapabilities;

@@ -43,6 +43,7 @@ enum Class {
     EndOfFile,
     Disposition,
     Rename,
+    Link,
     Allocation,
 }
 
@@ -97,6 +98,8 @@ async fn set(
         ic::FILE_BASIC_INFORMATION => (Class::Basic, FILE_WRITE_ATTRIBUTES),
         ic::FILE_DISPOSITION_INFORMATION => (Class::Disposition, DELETE),
         ic::FILE_RENAME_INFORMATION => (Class::Rename, DELETE),
+        // MS-SMB2 3.3.5.21.1 asks no access of the open for a new link.
+        ic::FILE_LINK_INFORMATION => (Class::Link, 0),
         ic::FILE_END_OF_FILE_INFORMATION => (Class::EndOfFile, FILE_WRITE_DATA),
         ic::FILE_ALLOCATION_INFORMATION => (Class::Allocation, FILE_WRITE_DATA),
         class if SETTABLE_CLASSES.contains(&class) => {
@@ -176,42 +179,26 @@ async fn set(
             result
         }
         Class::Rename => {
-            // FILE_RENAME_INFORMATION layout (MS-FSCC §2.4.37):
-            //   ReplaceIfExists (1) | Reserved (7) | RootDirectory (8) | FileNameLength (4) | FileName...
-            if buffer.len() < 20 {
-                return Ok(HandlerResponse::err(ntstatus::STATUS_INFO_LENGTH_MISMATCH));
-            }
-            if buffer[8..16] != [0; 8] {
-                return Ok(HandlerResponse::err(ntstatus::STATUS_INVALID_PARAMETER));
-            }
-            let name_len = u32::from_le_bytes(
-                buffer[16..20]
-                    .try_into()
-                    .expect("the length check above covers these bytes"),
-            );
-            let Some(name_bytes) = usize::try_from(name_len)
-                .ok()
-                .and_then(|len| buffer.get(20..)?.get(..len))
-            else {
-                return Ok(HandlerResponse::err(ntstatus::STATUS_INFO_LENGTH_MISMATCH));
-            };
-            let units = match utf16le_to_units(name_bytes) {
-                Some(u) => u,
-                None => return Ok(HandlerResponse::err(ntstatus::STATUS_OBJECT_NAME_INVALID)),
-            };
-            let new_path = match SmbPath::from_utf16(&units) {
-                Ok(p) => p,
-                Err(_) => return Ok(HandlerResponse::err(ntstatus::STATUS_OBJECT_NAME_INVALID)),
+            let (replace, new_path) = match parse_new_name(&buffer) {
+                Ok(x) => x,
+                Err(status) => return Ok(HandlerResponse::err(status)),
             };
             let rename = Rename {
                 file_id: req.file_id,
                 to: new_path,
-                replace: buffer[0] != 0,
+                replace,
             };
             match rename_attempt(conn, hdr, &rename, Stage::Start).await {
                 Renamed::Done(result) => result,
                 Renamed::Wait(wait) => return Err((wait, rename)),
             }
+        }
+        Class::Link => {
+            let (replace, to) = match parse_new_name(&buffer) {
+                Ok(x) => x,
+                Err(status) => return Ok(HandlerResponse::err(status)),
+            };
+            link(&share, &open_arc, &to, replace).await
         }
     };
 
@@ -219,6 +206,59 @@ async fn set(
         return Ok(HandlerResponse::err(status));
     }
     Ok(set_info_ok())
+}
+
+/// The new name of FileRenameInformation and FileLinkInformation, which share
+/// a layout (MS-FSCC 2.4.37, 2.4.21.2):
+///   ReplaceIfExists (1) | Reserved (7) | RootDirectory (8) | FileNameLength (4) | FileName...
+/// Returns (ReplaceIfExists, the name as a path in the share).
+fn parse_new_name(buffer: &[u8]) -> Result<(bool, SmbPath), u32> {
+    if buffer.len() < 20 {
+        return Err(ntstatus::STATUS_INFO_LENGTH_MISMATCH);
+    }
+    if buffer[8..16] != [0; 8] {
+        return Err(ntstatus::STATUS_INVALID_PARAMETER);
+    }
+    let name_len = u32::from_le_bytes(buffer[16..20].try_into().expect("the length check above covers these bytes"));
+    let Some(name_bytes) = usize::try_from(name_len).ok().and_then(|len| buffer.get(20..)?.get(..len)) else {
+        return Err(ntstatus::STATUS_INFO_LENGTH_MISMATCH);
+    };
+    let units = utf16le_to_units(name_bytes).ok_or(ntstatus::STATUS_OBJECT_NAME_INVALID)?;
+    let path = SmbPath::from_utf16(&units).map_err(|_| ntstatus::STATUS_OBJECT_NAME_INVALID)?;
+    Ok((buffer[0] != 0, path))
+}
+
+/// FileLinkInformation (MS-FSA 2.1.5.15.6): `to` becomes another name of the
+/// open file. Directories have no hard links, and a file open at `to` is not
+/// replaced. Runs under the share's rename lock, so names do not move under it.
+async fn link(share: &ShareBindings, open_arc: &RwLock<Open>, to: &SmbPath, replace: bool) -> Result<(), u32> {
+    let case_sensitive = share.backend.capabilities().case_sensitive;
+    let _renames = share.files.rename_lock().await;
+    let open = open_arc.read().await;
+    let Some(file) = open.file.as_ref() else {
+        return Err(ntstatus::STATUS_FILE_CLOSED);
+    };
+    if open.is_directory {
+        return Err(ntstatus::STATUS_FILE_IS_A_DIRECTORY);
+    }
+    let from = file.path();
+    if same_path(&from, to, case_sensitive) {
+        return if replace { Ok(()) } else { Err(ntstatus::STATUS_OBJECT_NAME_COLLISION) };
+    }
+    if replace && share.files.path_is_open(to, case_sensitive) {
+        return Err(ntstatus::STATUS_ACCESS_DENIED);
+    }
+    drop(open);
+    share.backend.link(&from, to, replace).await.map_err(|e| e.to_nt_status())?;
+    if !share.watches.is_empty() {
+        share.watches.report(&[Change {
+            path: to,
+            action: FILE_ACTION_ADDED,
+            filter: FILE_NOTIFY_CHANGE_FILE_NAME,
+            seen: true,
+        }]);
+    }
+    Ok(())
 }
 
 /// Reports a change through `open_arc` that matches the filter bits
