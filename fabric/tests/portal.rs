@@ -21,6 +21,23 @@ struct Node {
     region: String,
 }
 
+impl Drop for Node {
+    /// Stops the node before its directory goes. The fabric's tasks (alive until the test's
+    /// runtime ends) still hold the engine, so its database can be writing while the
+    /// directory is removed; a removal that loses that race is tried again, or the test
+    /// would leave the node's drive files behind.
+    fn drop(&mut self) {
+        self.fabric.shutdown();
+        let _ = self.engine.shutdown();
+        for _ in 0..20 {
+            if std::fs::remove_dir_all(self.dir.path()).is_ok() || !self.dir.path().exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 async fn start_fabric(engine: Arc<Engine>, dir: &std::path::Path, region: &str) -> Arc<Fabric> {
     let cfg = FabricConfig {
         listen: Some("127.0.0.1:0".parse().unwrap()),
