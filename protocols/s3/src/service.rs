@@ -125,6 +125,12 @@ fn bucket_attr(engine: &Engine, caller: &Caller, bucket: &str) -> S3Result<Attr>
     }
 }
 
+/// The object `key` of bucket `bucket`: NoSuchBucket, NoSuchKey or the file.
+fn object_in(engine: &Engine, caller: &Caller, bucket: &str, key: &str) -> S3Result<Attr> {
+    let b = bucket_attr(engine, caller, bucket)?;
+    object_attr(engine, caller, b.ino, object_key(key)?)
+}
+
 /// The file holding `key`, or NoSuchKey.
 fn object_attr(engine: &Engine, caller: &Caller, bucket: Ino, key: &str) -> S3Result<Attr> {
     let (parent, name) = match engine.object_parent(caller, bucket, key, false) {
@@ -910,7 +916,8 @@ fn copy_source(cs: &CopySource) -> S3Result<(String, String)> {
     }
 }
 
-fn bucket_is_public(engine: &Engine, caller: &Caller, ino: Ino) -> bool {
+/// Whether a bucket, or an object, carries the public-read mark.
+fn marked_public_read(engine: &Engine, caller: &Caller, ino: Ino) -> bool {
     engine.getxattr(caller, ino, XATTR_PUBLIC_READ).is_ok_and(|v| v == b"1")
 }
 
@@ -1113,7 +1120,7 @@ impl S3 for AquiferS3 {
         let bucket = req.input.bucket;
         let (owner, public) = blocking(move || {
             let b = bucket_attr(&engine, &caller, &bucket)?;
-            Ok((owner_of(&engine, b.uid), bucket_is_public(&engine, &caller, b.ino)))
+            Ok((owner_of(&engine, b.uid), marked_public_read(&engine, &caller, b.ino)))
         })
         .await?;
         let grants = acl_grants(&owner, public);
@@ -1149,7 +1156,7 @@ impl S3 for AquiferS3 {
             if caller.uid != a.uid && caller.uid != 0 && caller.role < storage_engine::Role::Admin {
                 return Err(err(S3ErrorCode::AccessDenied, "only the object's owner may read its ACL"));
             }
-            let admitted = bucket_is_public(&engine, &caller, b.ino) || bucket_is_public(&engine, &caller, a.ino);
+            let admitted = marked_public_read(&engine, &caller, b.ino) || marked_public_read(&engine, &caller, a.ino);
             Ok((owner_of(&engine, a.uid), a.mode & 0o004 != 0 && admitted))
         })
         .await?;
@@ -1166,8 +1173,7 @@ impl S3 for AquiferS3 {
         let input = req.input;
         check_version_id(input.version_id.as_deref())?;
         blocking(move || {
-            let b = bucket_attr(&engine, &caller, &input.bucket)?;
-            let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
+            let a = object_in(&engine, &caller, &input.bucket, &input.key)?;
             let public = object_acl_public(&input, &a.uid.to_string())?;
             let mode = if public { a.mode | 0o044 } else { a.mode & !0o077 };
             engine
@@ -1589,8 +1595,7 @@ impl S3 for AquiferS3 {
         let input = req.input;
         check_version_id(input.version_id.as_deref())?;
         let tags = blocking(move || {
-            let b = bucket_attr(&engine, &caller, &input.bucket)?;
-            let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
+            let a = object_in(&engine, &caller, &input.bucket, &input.key)?;
             Ok(load_tags(&engine, &caller, a.ino))
         })
         .await?;
@@ -1607,8 +1612,7 @@ impl S3 for AquiferS3 {
             input.tagging.tag_set.into_iter().map(|t| (t.key.unwrap_or_default(), t.value.unwrap_or_default())).collect();
         check_tags(&tags)?;
         blocking(move || {
-            let b = bucket_attr(&engine, &caller, &input.bucket)?;
-            let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
+            let a = object_in(&engine, &caller, &input.bucket, &input.key)?;
             engine.setxattr(&caller, a.ino, XATTR_TAGS, &encode_tags(&tags)).map_err(|e| map_err(e, Missing::Key))
         })
         .await?;
@@ -1621,8 +1625,7 @@ impl S3 for AquiferS3 {
         let input = req.input;
         check_version_id(input.version_id.as_deref())?;
         blocking(move || {
-            let b = bucket_attr(&engine, &caller, &input.bucket)?;
-            let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
+            let a = object_in(&engine, &caller, &input.bucket, &input.key)?;
             match engine.removexattr(&caller, a.ino, XATTR_TAGS) {
                 Ok(()) | Err(Error::NotFound) => Ok(()),
                 Err(e) => Err(map_err(e, Missing::Key)),

@@ -115,6 +115,44 @@ impl EngineShare {
         }
         s
     }
+
+    /// Resolves the two names of a rename or a link as the request's caller sees them and
+    /// runs `f` on them off the async runtime. Neither name may be the share's root.
+    async fn with_names(
+        &self,
+        from: &SmbPath,
+        to: &SmbPath,
+        f: impl FnOnce(&Engine, &Caller, Names<'_>) -> SmbResult<()> + Send + 'static,
+    ) -> SmbResult<()> {
+        if from.is_root() || to.is_root() {
+            return Err(SmbError::AccessDenied);
+        }
+        let engine = self.engine.clone();
+        let caller = request_caller(&engine, self.guest)?;
+        let (from, to) = (self.full(from), self.full(to));
+        blocking(move || {
+            let (from_dir, from_name) = split(&from);
+            let (to_dir, to_name) = split(&to);
+            let from_parent = resolve_dir(&engine, &caller, from_dir)?;
+            let source = lookup(&engine, &caller, from_parent.ino, from_name)?.ok_or(SmbError::NotFound)?;
+            let to_parent = resolve_dir(&engine, &caller, to_dir)?;
+            let target = lookup(&engine, &caller, to_parent.ino, to_name)?;
+            f(&engine, &caller, Names { from_parent, from_name, source, to_parent, to_name, target })
+        })
+        .await
+    }
+}
+
+/// The source and the destination of a rename or a link.
+struct Names<'a> {
+    from_parent: Attr,
+    from_name: &'a str,
+    /// What `from` names.
+    source: Attr,
+    to_parent: Attr,
+    to_name: &'a str,
+    /// What `to` names now, if anything.
+    target: Option<Attr>,
 }
 
 /// The engine caller for the session whose request is being served. Outside a request (an
@@ -260,20 +298,9 @@ impl ShareBackend for EngineShare {
     }
 
     async fn rename(&self, from: &SmbPath, to: &SmbPath, replace_if_exists: bool) -> SmbResult<()> {
-        if from.is_root() || to.is_root() {
-            return Err(SmbError::AccessDenied);
-        }
-        let engine = self.engine.clone();
-        let caller = request_caller(&engine, self.guest)?;
-        let (from, to) = (self.full(from), self.full(to));
-        blocking(move || {
-            let (from_dir, from_name) = split(&from);
-            let (to_dir, to_name) = split(&to);
-            let from_parent = resolve_dir(&engine, &caller, from_dir)?;
-            let source = lookup(&engine, &caller, from_parent.ino, from_name)?.ok_or(SmbError::NotFound)?;
-            let to_parent = resolve_dir(&engine, &caller, to_dir)?;
-            if let Some(target) = lookup(&engine, &caller, to_parent.ino, to_name)? {
-                if target.ino != source.ino {
+        self.with_names(from, to, move |engine, caller, m| {
+            if let Some(target) = &m.target {
+                if target.ino != m.source.ino {
                     if target.kind == FileKind::Dir {
                         return Err(SmbError::AccessDenied);
                     }
@@ -283,41 +310,30 @@ impl ShareBackend for EngineShare {
                 }
             }
             engine
-                .rename(&caller, from_parent.ino, from_name.as_bytes(), to_parent.ino, to_name.as_bytes())
+                .rename(caller, m.from_parent.ino, m.from_name.as_bytes(), m.to_parent.ino, m.to_name.as_bytes())
                 .map_err(smb_error)
         })
         .await
     }
 
     async fn link(&self, from: &SmbPath, to: &SmbPath, replace_if_exists: bool) -> SmbResult<()> {
-        if from.is_root() || to.is_root() {
-            return Err(SmbError::AccessDenied);
-        }
-        let engine = self.engine.clone();
-        let caller = request_caller(&engine, self.guest)?;
-        let (from, to) = (self.full(from), self.full(to));
-        blocking(move || {
-            let (from_dir, from_name) = split(&from);
-            let (to_dir, to_name) = split(&to);
-            let from_parent = resolve_dir(&engine, &caller, from_dir)?;
-            let source = lookup(&engine, &caller, from_parent.ino, from_name)?.ok_or(SmbError::NotFound)?;
-            if source.kind == FileKind::Dir {
+        self.with_names(from, to, move |engine, caller, m| {
+            if m.source.kind == FileKind::Dir {
                 return Err(SmbError::AccessDenied);
             }
-            let to_parent = resolve_dir(&engine, &caller, to_dir)?;
-            if let Some(target) = lookup(&engine, &caller, to_parent.ino, to_name)? {
+            if let Some(target) = &m.target {
                 if target.kind == FileKind::Dir {
                     return Err(SmbError::AccessDenied);
                 }
-                if target.ino == source.ino {
+                if target.ino == m.source.ino {
                     return if replace_if_exists { Ok(()) } else { Err(SmbError::Exists) };
                 }
                 if !replace_if_exists {
                     return Err(SmbError::Exists);
                 }
-                engine.unlink(&caller, to_parent.ino, to_name.as_bytes()).map_err(smb_error)?;
+                engine.unlink(caller, m.to_parent.ino, m.to_name.as_bytes()).map_err(smb_error)?;
             }
-            engine.link(&caller, source.ino, to_parent.ino, to_name.as_bytes()).map(|_| ()).map_err(smb_error)
+            engine.link(caller, m.source.ino, m.to_parent.ino, m.to_name.as_bytes()).map(|_| ()).map_err(smb_error)
         })
         .await
     }
