@@ -50,6 +50,7 @@ pub struct Share {
     pub(crate) users: HashMap<String, Access>,
     pub(crate) encrypt_data: bool,
     pub(crate) leases: bool,
+    pub(crate) break_ack_timeout: Duration,
     pub(crate) durable_handles: bool,
     pub(crate) change_notify: bool,
     pub(crate) listed: bool,
@@ -66,6 +67,7 @@ impl Share {
             users: HashMap::new(),
             encrypt_data: false,
             leases: true,
+            break_ack_timeout: crate::files::LEASE_BREAK_TIMEOUT,
             durable_handles: true,
             change_notify: true,
             listed: true,
@@ -125,11 +127,28 @@ impl Share {
     /// out 35 seconds after the server sent it; a byte-range lock is refused
     /// instead until the client has written back. On by default.
     ///
+    /// The same setting grants classic oplocks (LEVEL_II, EXCLUSIVE, BATCH)
+    /// to CREATEs that ask for one instead of a lease, and breaks them by
+    /// the same rules (MS-SMB2 3.3.4.6): an open breaks EXCLUSIVE and BATCH
+    /// to LEVEL_II (to none when it overwrites), a write, size change or
+    /// byte-range lock breaks every oplock to none, LEVEL_II without an
+    /// acknowledgment, and a sharing violation, rename or delete breaks
+    /// BATCH to LEVEL_II.
+    ///
     /// Changes made outside the server, or through another share over the
     /// same directory, break no lease: clients keep serving the old data.
     /// Turn leases off for such a share.
     pub fn leases(mut self, enabled: bool) -> Self {
         self.leases = enabled;
+        self
+    }
+
+    /// How long a client has to acknowledge a lease or oplock break before
+    /// the server drops the lease or oplock to none and lets the operation
+    /// that broke it go on. 35 seconds, as Windows servers wait (MS-SMB2
+    /// 3.3.2.1, 3.3.2.5), is the default and the most; tests shorten it.
+    pub fn break_ack_timeout(mut self, timeout: Duration) -> Self {
+        self.break_ack_timeout = timeout;
         self
     }
 

@@ -130,6 +130,8 @@ impl ShareBindings {
 
     pub(crate) fn from_share(share: Share) -> Arc<Self> {
         let watches = crate::files::WatchTable::new(share.backend.capabilities().case_sensitive);
+        let files = crate::files::FileTable::default();
+        files.set_ack_timeout(share.break_ack_timeout);
         Arc::new(Self {
             name: share.name,
             backend: share.backend,
@@ -143,7 +145,7 @@ impl ShareBindings {
             durable_handles: share.durable_handles,
             listed: share.listed,
             remark: share.remark,
-            files: crate::files::FileTable::default(),
+            files,
             change_notify: share.change_notify,
             watches,
         })

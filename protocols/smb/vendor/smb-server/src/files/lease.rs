@@ -203,6 +203,8 @@ pub(crate) struct FileView<'a> {
     pub leases: &'a [(LeaseId, LeaseState)],
     pub has_locks: bool,
     pub delete_pending: bool,
+    /// An open holds an EXCLUSIVE or BATCH oplock, which caches writes.
+    pub exclusive_oplock: bool,
 }
 
 impl FileView<'_> {
@@ -222,7 +224,9 @@ impl FileView<'_> {
                 .all(|o| o.lease == Some(me) || o.stat_only)
                 && others.all(|(_, s)| *s == LeaseState::NONE)
         } else {
-            !self.has_locks && others.all(|(_, s)| !s.contains(LeaseState::W))
+            !self.has_locks
+                && !self.exclusive_oplock
+                && others.all(|(_, s)| !s.contains(LeaseState::W))
         }
     }
 }
@@ -527,6 +531,7 @@ mod tests {
                         leases: &leases,
                         has_locks,
                         delete_pending,
+                        exclusive_oplock: false,
                     };
                     for bits in 0..8 {
                         let requested = LeaseState::requested(bits);

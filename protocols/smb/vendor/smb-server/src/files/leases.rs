@@ -175,15 +175,22 @@ impl Drop for LeaseRef {
 /// response on the wire.
 pub(crate) type AfterSend = Box<dyn Send + Sync>;
 
-/// Holds back break notifications for a lease until the CREATE response
-/// that granted it is queued; dropping it sends what was held back.
+/// Holds back break notifications for a lease or an oplock until the
+/// CREATE response that granted it is queued; dropping it sends what was
+/// held back.
 pub(crate) struct GrantGuard {
     node: Arc<FileNode>,
-    id: LeaseId,
-    /// The lease the grant was made on, not a later one with its id.
-    serial: u64,
+    held: Held,
     /// The connection the CREATE response goes out on.
     sender: Weak<Outbound>,
+}
+
+/// What a [`GrantGuard`] holds back breaks for.
+enum Held {
+    /// The lease `id`, as granted: not a later one with its id.
+    Lease { id: LeaseId, serial: u64 },
+    /// The oplock of the open with this entry id.
+    Oplock(u64),
 }
 
 impl GrantGuard {
@@ -195,25 +202,45 @@ impl GrantGuard {
     ) -> Self {
         Self {
             node,
-            id,
-            serial,
+            held: Held::Lease { id, serial },
             sender,
+        }
+    }
+
+    pub(super) fn oplock(node: Arc<FileNode>, open: u64) -> Self {
+        Self {
+            node,
+            held: Held::Oplock(open),
+            sender: Weak::new(),
         }
     }
 }
 
 impl Drop for GrantGuard {
     fn drop(&mut self) {
-        drop(self.node.end_grant(self.id, self.serial, &self.sender));
+        match self.held {
+            Held::Lease { id, serial } => drop(self.node.end_grant(id, serial, &self.sender)),
+            Held::Oplock(open) => drop(self.node.end_oplock_grant(open)),
+        }
     }
 }
 
-/// A break the client has to acknowledge: the lease and which break.
+/// Whose break an acknowledgment completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Breaker {
+    Lease(LeaseId),
+    /// The oplock of the open with this entry id.
+    Oplock(u64),
+}
+
+/// A break the client has to acknowledge: the lease or oplock, which
+/// break, and how long the client has.
 #[derive(Debug)]
 pub(crate) struct AckWait {
     pub node: Weak<FileNode>,
-    pub id: LeaseId,
+    pub id: Breaker,
     pub seq: u64,
+    pub timeout: Duration,
 }
 
 /// A wait for a file's leases or opens to change, bounded by the
@@ -225,10 +252,10 @@ pub(crate) struct BreakWait {
 }
 
 impl BreakWait {
-    pub(super) fn new(rx: watch::Receiver<u64>) -> Self {
+    pub(super) fn new(rx: watch::Receiver<u64>, timeout: Duration) -> Self {
         Self {
             rx,
-            deadline: Instant::now() + LEASE_BREAK_TIMEOUT + WAIT_SLACK,
+            deadline: Instant::now() + timeout + WAIT_SLACK,
         }
     }
 
@@ -311,15 +338,15 @@ impl Drop for Notices {
                     Err(NoticeError::Closed) => false,
                 });
             if delivered {
-                debug!("lease break sent");
+                debug!("break sent");
             } else {
-                debug!("lease break not delivered; no connection took it");
+                debug!("break not delivered; no connection took it");
             }
             match ack {
                 Some(ack) if delivered => start_timer(ack),
                 Some(ack) => {
                     if let Some(node) = ack.node.upgrade() {
-                        drop(node.drop_break(ack.id, ack.seq));
+                        drop(node.drop_any_break(ack.id, ack.seq));
                     }
                 }
                 None => {}
@@ -328,18 +355,24 @@ impl Drop for Notices {
     }
 }
 
-/// Starts the acknowledgment timer of a sent break (MS-SMB2 3.3.6.5).
+/// Starts the acknowledgment timer of a sent break (MS-SMB2 3.3.6.5 for a
+/// lease, 3.3.6.1 for an oplock).
 fn start_timer(ack: AckWait) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let AckWait { node, id, seq } = ack;
+    let AckWait {
+        node,
+        id,
+        seq,
+        timeout,
+    } = ack;
     let timer = runtime.spawn({
         let node = node.clone();
         async move {
-            tokio::time::sleep(LEASE_BREAK_TIMEOUT).await;
+            tokio::time::sleep(timeout).await;
             if let Some(node) = node.upgrade() {
-                drop(node.drop_break(id, seq));
+                drop(node.drop_any_break(id, seq));
             }
         }
     });

@@ -3,6 +3,9 @@
 mod durable;
 mod lease;
 mod leases;
+mod oplock;
+#[cfg(test)]
+mod oplock_tests;
 mod table;
 mod watch;
 
@@ -22,9 +25,9 @@ use crate::proto::messages::change_notify::FILE_ACTION_MODIFIED;
 pub(crate) use durable::{Claim, Durability, DurableReg, DurableTable, Unclaimed, v2_timeout};
 pub use durable::{DEFAULT_DURABLE_HANDLE_TIMEOUT, DEFAULT_MAX_DISCONNECTED_OPENS};
 pub(crate) use lease::{Granted, LeaseId, LeaseRequest, LeaseState, LeaseVersion, Trigger};
-#[cfg(test)]
 pub(crate) use leases::LEASE_BREAK_TIMEOUT;
 pub(crate) use leases::{AfterSend, BreakWait, LeaseRef, LeaseTable, MAX_BREAK_WAIT};
+pub(crate) use oplock::{OPLOCK_BREAK_SIZE, oplock_body};
 pub(crate) use table::{FileRef, FileTable, OpenRequest, Refused, Sharing};
 #[cfg(test)]
 pub(crate) use watch::MAX_WATCHES_PER_CONNECTION;

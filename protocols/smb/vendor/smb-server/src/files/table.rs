@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
 
 use tracing::{debug, warn};
 
@@ -20,6 +21,7 @@ use crate::path::{SmbPath, rebase, same_path};
 use crate::proto::messages::change_notify::{
     FILE_ACTION_REMOVED, FILE_NOTIFY_CHANGE_DIR_NAME, FILE_NOTIFY_CHANGE_FILE_NAME,
 };
+use crate::proto::messages::{FileId, OplockLevel};
 use crate::server::ShareBindings;
 
 use super::durable::DurableTable;
@@ -27,7 +29,14 @@ use super::lease::{
     Breaking, Current, FileLease, FileView, Granted, LeaseId, LeaseRequest, LeaseState, OpenView,
     Trigger, break_to, grant, needs_ack, stat_only,
 };
-use super::leases::{AckWait, BreakWait, GrantGuard, LeaseRef, Notices, break_notification};
+use super::leases::{
+    AckWait, BreakWait, Breaker, GrantGuard, LEASE_BREAK_TIMEOUT, LeaseRef, Notices,
+    break_notification,
+};
+use super::oplock::{
+    AckOutcome, Oplock, OplockBreaking, OplockFile, acknowledge, grant_oplock, is_exclusive, lower,
+    oplock_break_to, oplock_notification,
+};
 use super::watch::Change;
 
 // ShareAccess (MS-SMB2 2.2.13)
@@ -103,6 +112,9 @@ pub(crate) struct FileTable {
     files: Mutex<HashMap<FileKey, Arc<FileNode>>>,
     next_open: AtomicU64,
     renames: tokio::sync::RwLock<()>,
+    /// How long a client has to acknowledge a lease or oplock break, in
+    /// milliseconds; 0 for [`LEASE_BREAK_TIMEOUT`].
+    ack_timeout_ms: AtomicU64,
 }
 
 pub(super) struct FileNode {
@@ -122,8 +134,11 @@ struct FileState {
     /// Leases held by the opens, one per LeaseId.
     leases: Vec<FileLease>,
     /// Counts changes that can unblock an operation waiting on the file: a
-    /// lease break that completed, a lease that ended, an open that left.
+    /// lease or oplock break that completed, a lease that ended, an open
+    /// that left.
     changed: tokio::sync::watch::Sender<u64>,
+    /// How long a client has to acknowledge a break.
+    ack_timeout: Duration,
 }
 
 struct OpenEntry {
@@ -142,6 +157,8 @@ struct OpenEntry {
     waiting: bool,
     /// Set on a durable open.
     durable: Option<DurableMark>,
+    /// The oplock the open holds (never beside a lease).
+    oplock: Option<Oplock>,
 }
 
 /// The durable side of an open's entry: where the open is registered,
@@ -295,23 +312,146 @@ impl FileNode {
         notices
     }
 
-    /// Keeps `timer` as the acknowledgment timer of the break `seq` of the
-    /// lease `id`, or stops it when that break is over.
-    pub(super) fn set_timer(&self, id: LeaseId, seq: u64, timer: tokio::task::AbortHandle) {
+    /// Ends the break `seq` of the lease or oplock `id` at NONE, when it is
+    /// still in progress; see [`FileNode::drop_break`] and
+    /// [`FileNode::drop_oplock_break`].
+    pub(super) fn drop_any_break(&self, id: Breaker, seq: u64) -> Notices {
+        match id {
+            Breaker::Lease(id) => self.drop_break(id, seq),
+            Breaker::Oplock(open) => {
+                self.drop_oplock_break(open, seq);
+                Notices::default()
+            }
+        }
+    }
+
+    /// Ends the break `seq` of the oplock of the open `open` at NONE, when
+    /// it is still in progress: the client did not acknowledge in time
+    /// (MS-SMB2 3.3.6.1), or its connection did not take the notification.
+    fn drop_oplock_break(&self, open: u64, seq: u64) {
         let mut state = self.state();
-        let breaking = state
-            .leases
+        let Some(oplock) = state
+            .opens
             .iter_mut()
-            .find(|l| l.id == id)
-            .and_then(|l| l.breaking.as_mut())
-            .filter(|b| b.seq == seq);
-        match breaking {
-            Some(breaking) => {
-                breaking.timer = Some(timer);
+            .find(|e| e.id == open)
+            .and_then(|e| e.oplock.as_mut())
+            .filter(|o| o.breaking.as_ref().is_some_and(|b| b.seq == seq))
+        else {
+            return;
+        };
+        oplock.breaking = None;
+        oplock.level = OplockLevel::None;
+        debug!(
+            open,
+            "oplock break not acknowledged; oplock dropped to none"
+        );
+        state.bump();
+    }
+
+    /// Keeps `timer` as the acknowledgment timer of the break `seq` of the
+    /// lease or oplock `id`, or stops it when that break is over.
+    pub(super) fn set_timer(&self, id: Breaker, seq: u64, timer: tokio::task::AbortHandle) {
+        let mut state = self.state();
+        let slot = match id {
+            Breaker::Lease(id) => state
+                .leases
+                .iter_mut()
+                .find(|l| l.id == id)
+                .and_then(|l| l.breaking.as_mut())
+                .filter(|b| b.seq == seq)
+                .map(|b| &mut b.timer),
+            Breaker::Oplock(open) => state
+                .opens
+                .iter_mut()
+                .find(|e| e.id == open)
+                .and_then(|e| e.oplock.as_mut())
+                .and_then(|o| o.breaking.as_mut())
+                .filter(|b| b.seq == seq)
+                .map(|b| &mut b.timer),
+        };
+        match slot {
+            Some(slot) => {
+                *slot = Some(timer);
                 state.bump();
             }
             None => timer.abort(),
         }
+    }
+
+    /// MS-SMB2 3.3.5.22.1: completes the break of the oplock of the open
+    /// `open` with the level `acked` the client acknowledged, and returns
+    /// the level it now holds. When a later trigger needs less than that,
+    /// the oplock breaks on at once. See [`acknowledge`] for the statuses of
+    /// a wrong acknowledgment; an open no longer on the file is
+    /// STATUS_FILE_CLOSED.
+    pub(super) fn acknowledge_oplock(
+        &self,
+        open: u64,
+        acked: u8,
+    ) -> Result<(OplockLevel, Notices), u32> {
+        let mut state = self.state();
+        let at = state
+            .opens
+            .iter()
+            .position(|e| e.id == open)
+            .ok_or(ntstatus::STATUS_FILE_CLOSED)?;
+        let (level, breaking) = match &state.opens[at].oplock {
+            Some(o) => (o.level, o.breaking.as_ref().map(|b| (b.to, b.required))),
+            None => (OplockLevel::None, None),
+        };
+        let mut notices = Notices::default();
+        let outcome = acknowledge(level, breaking.map(|b| b.0), acked);
+        let new = match outcome {
+            AckOutcome::Acked(new) => new,
+            AckOutcome::Refused { drop: true, .. } => OplockLevel::None,
+            AckOutcome::Refused { status, .. } => return Err(status),
+        };
+        if let Some(oplock) = state.opens[at].oplock.as_mut() {
+            oplock.breaking = None;
+            oplock.level = new;
+        }
+        debug!(open, level = ?new, "oplock break acknowledged");
+        if let Some((_, required)) = breaking
+            && lower(required, new) != new
+        {
+            state.start_oplock_break(at, required, &mut notices);
+        }
+        state.bump();
+        match outcome {
+            AckOutcome::Refused { status, .. } => {
+                drop(state);
+                drop(notices);
+                Err(status)
+            }
+            AckOutcome::Acked(_) => Ok((new, notices)),
+        }
+    }
+
+    /// Ends the hold the CREATE response granting the oplock of the open
+    /// `open` had on its break notifications, and returns the one held back.
+    pub(super) fn end_oplock_grant(&self, open: u64) -> Notices {
+        let mut state = self.state();
+        let me = state.me.clone();
+        let timeout = state.ack_timeout;
+        let mut notices = Notices::default();
+        let Some(entry) = state.opens.iter_mut().find(|e| e.id == open) else {
+            return notices;
+        };
+        let owner = entry.owner.clone();
+        let Some(oplock) = entry.oplock.as_mut() else {
+            return notices;
+        };
+        oplock.granting = false;
+        if let Some(bytes) = oplock.unsent.take() {
+            let ack = oplock.breaking.as_ref().map(|b| AckWait {
+                node: me,
+                id: Breaker::Oplock(open),
+                seq: b.seq,
+                timeout,
+            });
+            notices.push(bytes, vec![owner], ack);
+        }
+        notices
     }
 
     /// Ends one CREATE response's hold on the lease `id` created as
@@ -322,6 +462,7 @@ impl FileNode {
     pub(super) fn end_grant(&self, id: LeaseId, serial: u64, sender: &Weak<Outbound>) -> Notices {
         let mut state = self.state();
         let me = state.me.clone();
+        let timeout = state.ack_timeout;
         let mut notices = Notices::default();
         let Some(lease) = state
             .leases
@@ -336,8 +477,9 @@ impl FileNode {
         {
             let ack = lease.breaking.as_ref().map(|b| AckWait {
                 node: me,
-                id,
+                id: Breaker::Lease(id),
                 seq: b.seq,
+                timeout,
             });
             if state.held_only_detached(id) {
                 let doomed = state.doom_detached(id, |_| true);
@@ -388,15 +530,36 @@ impl FileState {
         owners
     }
 
-    /// Breaks every lease but `exempt` that `trigger` conflicts with
-    /// (MS-FSA 2.1.4.12, MS-SMB2 3.3.4.7). Returns the notifications to send
-    /// once the file is unlocked, and whether the operation has to wait for
-    /// a break to complete. A lease already breaking gets no second
+    /// Breaks every lease but `exempt`, and every oplock, that `trigger`
+    /// through the open `actor` conflicts with (MS-FSA 2.1.4.12, MS-SMB2
+    /// 3.3.4.6, 3.3.4.7). Returns the notifications to send once the file is
+    /// unlocked, and whether the operation has to wait for a break to
+    /// complete. A lease or oplock already breaking gets no second
     /// notification: what the server needs is lowered instead, and the
     /// acknowledgment breaks on to it.
-    fn break_for(&mut self, trigger: Trigger, exempt: Option<LeaseId>) -> (Notices, bool) {
+    fn break_for(
+        &mut self,
+        trigger: Trigger,
+        exempt: Option<LeaseId>,
+        actor: Option<u64>,
+    ) -> (Notices, bool) {
         let mut notices = Notices::default();
         let mut wait = false;
+        for at in 0..self.opens.len() {
+            let entry = &mut self.opens[at];
+            let own = Some(entry.id) == actor;
+            let Some(oplock) = entry.oplock.as_mut() else {
+                continue;
+            };
+            let Some(to) = oplock_break_to(trigger, oplock.level, own) else {
+                continue;
+            };
+            wait |= to.wait;
+            match &mut oplock.breaking {
+                Some(breaking) => breaking.required = lower(breaking.required, to.to),
+                None => self.start_oplock_break(at, to.to, &mut notices),
+            }
+        }
         for at in 0..self.leases.len() {
             let lease = &mut self.leases[at];
             if Some(lease.id) == exempt {
@@ -442,8 +605,9 @@ impl FileState {
             });
             wait = Some(AckWait {
                 node: self.me.clone(),
-                id: lease.id,
+                id: Breaker::Lease(lease.id),
                 seq,
+                timeout: self.ack_timeout,
             });
         } else {
             lease.set_state(to);
@@ -459,6 +623,47 @@ impl FileState {
             lease.unsent = Some(bytes);
         } else {
             notices.push(bytes, self.owners(id), wait);
+        }
+    }
+
+    /// Breaks the oplock of the open at `at` to `to` (MS-SMB2 3.3.4.6). One
+    /// at EXCLUSIVE or BATCH keeps its level until the client acknowledges,
+    /// the acknowledgment times out, or no connection takes the
+    /// notification; LEVEL_II drops at once. A notification for an oplock
+    /// whose grant is not yet sent waits for it.
+    fn start_oplock_break(&mut self, at: usize, to: OplockLevel, notices: &mut Notices) {
+        let me = self.me.clone();
+        let timeout = self.ack_timeout;
+        let entry = &mut self.opens[at];
+        let (open, owner) = (entry.id, entry.owner.clone());
+        let Some(oplock) = entry.oplock.as_mut() else {
+            return;
+        };
+        let from = oplock.level;
+        let bytes = oplock_notification(oplock.file_id, to);
+        let ack = if is_exclusive(from) {
+            let seq = NEXT_BREAK_SEQ.fetch_add(1, Ordering::Relaxed);
+            oplock.breaking = Some(OplockBreaking {
+                to,
+                required: to,
+                seq,
+                timer: None,
+            });
+            Some(AckWait {
+                node: me,
+                id: Breaker::Oplock(open),
+                seq,
+                timeout,
+            })
+        } else {
+            oplock.level = to;
+            None
+        };
+        debug!(open, ?from, ?to, "oplock broken");
+        if oplock.granting {
+            oplock.unsent = Some(bytes);
+        } else {
+            notices.push(bytes, vec![owner], ack);
         }
     }
 
@@ -506,19 +711,32 @@ impl FileState {
         doomed
     }
 
-    /// Whether a lease other than `exempt` still caches handles while a
-    /// break of it is in progress.
-    fn handle_break_pending(&self, exempt: Option<LeaseId>) -> bool {
+    /// Whether a lease other than `exempt`, or a BATCH oplock of an open
+    /// other than `actor`, still caches handles while a break of it is in
+    /// progress.
+    fn handle_break_pending(&self, exempt: Option<LeaseId>, actor: Option<u64>) -> bool {
         self.leases.iter().any(|l| {
             Some(l.id) != exempt && l.breaking.is_some() && l.state.contains(LeaseState::H)
-        })
+        }) || self.oplock_break_pending(actor, |o| o.level == OplockLevel::Batch)
     }
 
-    /// Whether a lease other than `exempt` still caches writes while a
-    /// break of it is in progress.
-    fn write_break_pending(&self, exempt: Option<LeaseId>) -> bool {
+    /// Whether a lease other than `exempt`, or an EXCLUSIVE or BATCH oplock
+    /// of an open other than `actor`, still caches writes while a break of
+    /// it is in progress.
+    fn write_break_pending(&self, exempt: Option<LeaseId>, actor: Option<u64>) -> bool {
         self.leases.iter().any(|l| {
             Some(l.id) != exempt && l.breaking.is_some() && l.state.contains(LeaseState::W)
+        }) || self.oplock_break_pending(actor, Oplock::exclusive)
+    }
+
+    /// Whether the oplock of an open other than `actor` that `pick` accepts
+    /// is breaking.
+    fn oplock_break_pending(&self, actor: Option<u64>, pick: impl Fn(&Oplock) -> bool) -> bool {
+        self.opens.iter().any(|e| {
+            Some(e.id) != actor
+                && e.oplock
+                    .as_ref()
+                    .is_some_and(|o| o.breaking.is_some() && pick(o))
         })
     }
 
@@ -529,7 +747,7 @@ impl FileState {
 
     /// A wait for the next change on the file.
     fn wait(&self) -> BreakWait {
-        BreakWait::new(self.changed.subscribe())
+        BreakWait::new(self.changed.subscribe(), self.ack_timeout)
     }
 
     /// MS-FSA 2.1.4.10: whether the range conflicts with a lock. `exclusive`
@@ -577,6 +795,21 @@ fn overlaps(a_offset: u64, a_length: u64, b_offset: u64, b_length: u64) -> bool 
 impl FileTable {
     fn files(&self) -> MutexGuard<'_, HashMap<FileKey, Arc<FileNode>>> {
         lock(&self.files)
+    }
+
+    /// Sets how long a client has to acknowledge a lease or oplock break on
+    /// a file opened from now on, at most [`LEASE_BREAK_TIMEOUT`].
+    pub(crate) fn set_ack_timeout(&self, timeout: Duration) {
+        let ms = timeout.min(LEASE_BREAK_TIMEOUT).as_millis().max(1);
+        self.ack_timeout_ms
+            .store(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn ack_timeout(&self) -> Duration {
+        match self.ack_timeout_ms.load(Ordering::Relaxed) {
+            0 => LEASE_BREAK_TIMEOUT,
+            ms => Duration::from_millis(ms),
+        }
     }
 
     /// Serializes renames on the share: a rename holds this while it checks
@@ -663,11 +896,11 @@ impl FileTable {
                 continue;
             }
             let waits = if start {
-                let (notices, waits) = state.break_for(Trigger::Handle, exempt);
+                let (notices, waits) = state.break_for(Trigger::Handle, exempt, None);
                 all.push(notices);
                 waits
             } else {
-                state.handle_break_pending(exempt)
+                state.handle_break_pending(exempt, None)
             };
             if waits && wait.is_none() {
                 wait = Some(state.wait());
@@ -712,11 +945,11 @@ impl FileTable {
                 continue;
             }
             let waits = if start {
-                let (notices, waits) = state.break_for(Trigger::Handle, None);
+                let (notices, waits) = state.break_for(Trigger::Handle, None, None);
                 all.push(notices);
                 waits
             } else {
-                state.handle_break_pending(None)
+                state.handle_break_pending(None, None)
             };
             if waits && wait.is_none() {
                 wait = Some(state.wait());
@@ -823,6 +1056,7 @@ impl FileRef {
                         locks: Vec::new(),
                         leases: Vec::new(),
                         changed: tokio::sync::watch::Sender::new(0),
+                        ack_timeout: table.ack_timeout(),
                     }),
                 })
             })
@@ -833,10 +1067,10 @@ impl FileRef {
             let mut notices = Notices::default();
             if status == ntstatus::STATUS_SHARING_VIOLATION {
                 if req.break_handles {
-                    let (sent, waits) = state.break_for(Trigger::SharingViolation, req.lease);
+                    let (sent, waits) = state.break_for(Trigger::SharingViolation, req.lease, None);
                     notices = sent;
                     wait = waits.then(|| state.wait());
-                } else if state.handle_break_pending(req.lease) {
+                } else if state.handle_break_pending(req.lease, None) {
                     wait = Some(state.wait());
                 }
             }
@@ -854,14 +1088,17 @@ impl FileRef {
             owner: req.owner,
             waiting: false,
             durable: None,
+            oplock: None,
         });
-        let (notices, wait) = if stat_only(req.sharing.access) {
+        // An attribute-only open breaks nothing unless it overwrites the
+        // file (MS-FSA 2.1.4.12, OPEN).
+        let (notices, wait) = if stat_only(req.sharing.access) && !req.overwrite {
             (Notices::default(), None)
         } else {
             let trigger = Trigger::Open {
                 overwrite: req.overwrite,
             };
-            let (notices, waits) = state.break_for(trigger, req.lease);
+            let (notices, waits) = state.break_for(trigger, req.lease, Some(id));
             if waits && let Some(entry) = state.opens.last_mut() {
                 entry.waiting = true;
             }
@@ -891,7 +1128,7 @@ impl FileRef {
             return Err(ntstatus::STATUS_FILE_CLOSED);
         };
         let (lease, sharing) = (entry.lease, entry.sharing);
-        if state.write_break_pending(lease) {
+        if state.write_break_pending(lease, Some(self.id)) {
             return Ok(Some(state.wait()));
         }
         state.admit(sharing, Some(self.id))?;
@@ -944,6 +1181,10 @@ impl FileRef {
             leases: &leases,
             has_locks: !state.locks.is_empty(),
             delete_pending: state.delete_pending.is_some(),
+            exclusive_oplock: state
+                .opens
+                .iter()
+                .any(|e| e.oplock.as_ref().is_some_and(Oplock::exclusive)),
         };
         let existing = state.leases.iter().position(|l| l.id == req.id);
         let current = existing.map(|at| Current {
@@ -977,6 +1218,58 @@ impl FileRef {
         drop(state);
         let guard = GrantGuard::new(Arc::clone(&self.node), req.id, serial, sender);
         (snapshot, guard)
+    }
+
+    /// Grants this open the oplock `requested` asks for, as far as the other
+    /// opens, leases and byte-range locks on the file allow (MS-SMB2
+    /// 3.3.5.9, MS-FSA 2.1.5.17), and returns the level granted. `file_id`
+    /// is the open's FileId, which break notifications name; `overwrite`
+    /// when the CREATE supersedes or overwrites the file. Breaks of the
+    /// oplock wait for the returned guard, dropped once the CREATE response
+    /// is queued.
+    pub(crate) fn grant_oplock(
+        &self,
+        requested: OplockLevel,
+        file_id: FileId,
+        overwrite: bool,
+    ) -> (OplockLevel, Option<GrantGuard>) {
+        let mut state = self.node.state();
+        let Some(entry) = state.entry(self.id) else {
+            return (OplockLevel::None, None);
+        };
+        let attribute_only = stat_only(entry.sharing.access) && !overwrite;
+        let others = || state.opens.iter().filter(|e| e.id != self.id);
+        let file = OplockFile {
+            other_opens: others().any(|e| !stat_only(e.sharing.access)),
+            other_exclusive: others().any(|e| e.oplock.as_ref().is_some_and(Oplock::exclusive)),
+            other_lease: state.leases.iter().any(|l| l.state != LeaseState::NONE),
+            other_lease_write: state.leases.iter().any(|l| l.state.contains(LeaseState::W)),
+            has_locks: !state.locks.is_empty(),
+        };
+        let level = grant_oplock(requested, attribute_only, &file);
+        if level == OplockLevel::None {
+            return (level, None);
+        }
+        let Some(entry) = state.opens.iter_mut().find(|e| e.id == self.id) else {
+            return (OplockLevel::None, None);
+        };
+        entry.oplock = Some(Oplock {
+            level,
+            file_id,
+            granting: true,
+            unsent: None,
+            breaking: None,
+        });
+        debug!(open = self.id, ?level, "oplock granted");
+        let guard = GrantGuard::oplock(Arc::clone(&self.node), self.id);
+        (level, Some(guard))
+    }
+
+    /// MS-SMB2 3.3.5.22.1: acknowledges a break of this open's oplock at
+    /// `level`; see [`FileNode::acknowledge_oplock`]. A further break it
+    /// starts is returned to send after the response.
+    pub(crate) fn acknowledge_oplock(&self, level: u8) -> Result<(OplockLevel, Notices), u32> {
+        self.node.acknowledge_oplock(self.id, level)
     }
 
     /// Keeps the lease binding for as long as this open lasts.
@@ -1092,7 +1385,7 @@ impl FileRef {
         let notices = {
             let mut state = self.node.state();
             let exempt = state.entry(self.id).and_then(|e| e.lease);
-            state.break_for(trigger, exempt).0
+            state.break_for(trigger, exempt, Some(self.id)).0
         };
         drop(notices);
     }
@@ -1155,7 +1448,7 @@ impl FileRef {
                 let entry = state.entry(self.id).map(|e| (e.lease, e.path.clone()));
                 let exempt = entry.as_ref().and_then(|e| e.0);
                 state.delete_pending = entry.map(|e| e.1);
-                state.break_for(Trigger::Handle, exempt).0
+                state.break_for(Trigger::Handle, exempt, Some(self.id)).0
             } else {
                 state.delete_pending = None;
                 Notices::default()
@@ -1196,8 +1489,12 @@ impl FileRef {
         let caching_writes = state
             .leases
             .iter()
-            .any(|l| Some(l.id) != exempt && l.state.contains(LeaseState::W));
-        let notices = state.break_for(Trigger::Write, exempt).0;
+            .any(|l| Some(l.id) != exempt && l.state.contains(LeaseState::W))
+            || state
+                .opens
+                .iter()
+                .any(|e| e.id != self.id && e.oplock.as_ref().is_some_and(Oplock::exclusive));
+        let notices = state.break_for(Trigger::Write, exempt, Some(self.id)).0;
         if !caching_writes {
             state.locks.push(RangeLock {
                 owner: self.id,

@@ -332,6 +332,8 @@ struct CreateArgs {
     sharing: Sharing,
     queries: ContextQueries,
     lease: Option<LeaseRequest>,
+    /// The oplock the CREATE asks for: NONE, II, EXCLUSIVE or BATCH.
+    oplock: OplockLevel,
     /// The configured name of the session's user; `None` for anonymous.
     owner: Option<String>,
 }
@@ -441,6 +443,17 @@ impl CreateArgs {
         } else {
             None
         };
+        // Oplocks, like leases, cache what clients of other protocols may
+        // change, so they follow the share's lease setting; directories get
+        // none (MS-SMB2 3.3.5.9).
+        let oplock = match OplockLevel::from_u8(req.requested_oplock_level) {
+            Some(level @ (OplockLevel::Ii | OplockLevel::Exclusive | OplockLevel::Batch))
+                if share.leases && !directory =>
+            {
+                level
+            }
+            _ => OplockLevel::None,
+        };
 
         let maximal = maximal_access(tree_access);
         let delete_on_close = options & FILE_DELETE_ON_CLOSE != 0;
@@ -510,6 +523,7 @@ impl CreateArgs {
             },
             queries,
             lease,
+            oplock,
             owner,
         }))
     }
@@ -947,6 +961,21 @@ async fn attempt(
         None => tree.alloc_file_id(),
     };
     let (durable, durability) = durable.unzip();
+    // The oplock is granted once the open has its FileId, which a break
+    // notification names, and under the tree lock, so no break reaches
+    // the client before the open exists for it.
+    let (oplock_level, oplock_guard) = if granted.is_some() {
+        (OplockLevel::Lease, None)
+    } else if info.is_directory {
+        (OplockLevel::None, None)
+    } else {
+        let overwrite = action == OpenAction::Overwritten
+            || matches!(
+                args.intent,
+                OpenIntent::Truncate | OpenIntent::OverwriteOrCreate
+            );
+        file.grant_oplock(args.oplock, file_id, overwrite)
+    };
     let open = Open {
         file_id,
         handle: Some(handle),
@@ -1000,9 +1029,12 @@ async fn attempt(
             },
         });
     }
-    let buf = encode_response(&info, file_id, granted.is_some(), create_action, &answers);
+    let buf = encode_response(&info, file_id, oplock_level, create_action, &answers);
     let mut response = HandlerResponse::ok(buf);
     if let Some(guard) = after_send {
+        response.after_send.push(Box::new(guard));
+    }
+    if let Some(guard) = oplock_guard {
         response.after_send.push(Box::new(guard));
     }
     Step::Done(response)
@@ -1046,12 +1078,13 @@ async fn open_reported(
     opened
 }
 
-/// The CREATE response body for an open of a file with `info`, holding a
-/// lease when `leased`, with the response contexts `answers`.
+/// The CREATE response body for an open of a file with `info`, holding
+/// `oplock_level` (SMB2_OPLOCK_LEVEL_LEASE for a lease), with the response
+/// contexts `answers`.
 pub(super) fn encode_response(
     info: &FileInfo,
     file_id: FileId,
-    leased: bool,
+    oplock_level: OplockLevel,
     create_action: u32,
     answers: &[CreateContext],
 ) -> Vec<u8> {
@@ -1059,11 +1092,7 @@ pub(super) fn encode_response(
     CreateContext::encode_chain(answers, &mut contexts).expect("encoding into a Vec cannot fail");
     let resp = CreateResponse {
         structure_size: 89,
-        oplock_level: if leased {
-            OplockLevel::Lease as u8
-        } else {
-            OplockLevel::None as u8
-        },
+        oplock_level: oplock_level as u8,
         flags: 0,
         create_action,
         creation_time: info.creation_time,

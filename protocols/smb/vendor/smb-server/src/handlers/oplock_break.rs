@@ -1,6 +1,5 @@
-//! OPLOCK_BREAK handler (MS-SMB2 3.3.5.22): lease break acknowledgments.
-//! The server grants no oplocks, so no oplock acknowledgment matches a
-//! break in progress.
+//! OPLOCK_BREAK handler (MS-SMB2 3.3.5.22): oplock and lease break
+//! acknowledgments.
 
 use std::sync::Arc;
 
@@ -10,13 +9,13 @@ use crate::proto::messages::{Dialect, LeaseBreakAck, LeaseBreakResponse};
 
 use crate::conn::state::Connection;
 use crate::dispatch::HandlerResponse;
-use crate::files::LeaseId;
+use crate::files::{LeaseId, OPLOCK_BREAK_SIZE, oplock_body};
 use crate::handlers::shared::{lookup_open, lookup_session_tree};
 use crate::ntstatus;
 use crate::server::ServerState;
 
 /// StructureSize of an oplock break acknowledgment.
-const OPLOCK_ACK_SIZE: u16 = 24;
+const OPLOCK_ACK_SIZE: u16 = OPLOCK_BREAK_SIZE;
 /// StructureSize of a lease break acknowledgment.
 const LEASE_ACK_SIZE: u16 = 36;
 
@@ -63,15 +62,34 @@ pub async fn handle(
                 Err(status) => HandlerResponse::err(status),
             }
         }
-        // MS-SMB2 3.3.5.22.1: no open, or an open with no break pending.
+        // MS-SMB2 3.3.5.22.1. A 36-byte body on SMB 2.0.2, which has no
+        // leases, is read as an oplock acknowledgment.
         Some(OPLOCK_ACK_SIZE | LEASE_ACK_SIZE) => {
             let Ok(ack) = OplockBreakAck::parse(body) else {
                 return HandlerResponse::err(ntstatus::STATUS_INVALID_PARAMETER);
             };
-            if lookup_open(&tree, ack.file_id).await.is_none() {
+            let Some(open_arc) = lookup_open(&tree, ack.file_id).await else {
                 return HandlerResponse::err(ntstatus::STATUS_FILE_CLOSED);
+            };
+            let open = open_arc.read().await;
+            let Some(file) = open.file.as_ref() else {
+                // A named pipe or a directory holds no oplock.
+                return HandlerResponse::err(ntstatus::STATUS_INVALID_DEVICE_STATE);
+            };
+            match file.acknowledge_oplock(ack.oplock_level) {
+                Ok((level, breaks)) => {
+                    drop(open);
+                    let mut buf = Vec::new();
+                    oplock_body(ack.file_id, level)
+                        .write_to(&mut buf)
+                        .expect("encoding into a Vec cannot fail");
+                    // A further break to NONE follows the response.
+                    let mut response = HandlerResponse::ok(buf);
+                    response.after_send.push(Box::new(breaks));
+                    response
+                }
+                Err(status) => HandlerResponse::err(status),
             }
-            HandlerResponse::err(ntstatus::STATUS_INVALID_DEVICE_STATE)
         }
         _ => HandlerResponse::err(ntstatus::STATUS_INVALID_PARAMETER),
     }

@@ -25,7 +25,7 @@ use crate::info_class::VOLUME_SERIAL_NUMBER;
 use crate::ntstatus;
 use crate::path::SmbPath;
 use crate::proto::header::Smb2Header;
-use crate::proto::messages::FileId;
+use crate::proto::messages::{FileId, OplockLevel};
 use crate::server::ServerState;
 
 /// How long a reconnect waits for the connection that still holds the
@@ -246,7 +246,7 @@ async fn take_back(
 
     let mut answers = r.queries.answer(&info, maximal, VOLUME_SERIAL_NUMBER);
     answers.push(lease_response(&granted));
-    let body = encode_response(&info, file_id, true, FILE_OPENED, &answers);
+    let body = encode_response(&info, file_id, OplockLevel::Lease, FILE_OPENED, &answers);
     let mut response = HandlerResponse::ok(body);
     response.after_send.push(Box::new(guard));
     Ok(response)

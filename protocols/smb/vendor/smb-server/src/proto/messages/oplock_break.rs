@@ -1,7 +1,5 @@
-//! OPLOCK_BREAK Notification + Acknowledgement (MS-SMB2 §2.2.23 / §2.2.24).
-//!
-//! The server grants no oplocks and never sends a notification. An ACK gets
-//! a level-0 response.
+//! OPLOCK_BREAK Notification, Acknowledgement and Response (MS-SMB2
+//! §2.2.23.1, §2.2.24.1, §2.2.25.1): one wire shape.
 
 use binrw::{BinRead, BinWrite, binrw};
 use std::io::Cursor;
