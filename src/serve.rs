@@ -142,6 +142,7 @@ struct PoolEntry {
 struct EngineEntry {
     inline_bytes_max: Option<u64>,
     write_buffer_bytes_max: Option<usize>,
+    write_flush_threads: Option<usize>,
     io_backend: Option<String>,
 }
 
@@ -295,6 +296,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     if let Some(v) = file.engine.write_buffer_bytes_max {
         cfg.write_buffer_bytes_max = v;
+    }
+    if let Some(v) = file.engine.write_flush_threads {
+        cfg.write_flush_threads = v;
     }
     cfg.drive_open.backend = backend(file.engine.io_backend.as_deref().unwrap_or(&args.io_backend))?;
 

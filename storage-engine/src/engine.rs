@@ -20,7 +20,7 @@ use crate::error::{Error, NameProblem, Result};
 use crate::records::*;
 use crate::types::*;
 use crate::remote::Mutation;
-use crate::writebuf::WriteBuffer;
+use crate::writebuf::{FileBuf, Segment, WriteBuffer};
 
 pub(crate) const CF_INODES: &str = "inodes";
 pub(crate) const CF_DENTRIES: &str = "dentries";
@@ -98,6 +98,11 @@ pub struct EngineConfig {
     pub shard_bytes_max: u32,
     /// Buffered bytes per file above which full stripes are written out.
     pub write_buffer_bytes_max: usize,
+    /// Threads that write full stripes out of write buffers in the background, so a writer
+    /// goes on while its earlier bytes are encoded and written (a writer waits only when its
+    /// file has twice `write_buffer_bytes_max` buffered). 0: the writer that fills the buffer
+    /// writes the stripes itself.
+    pub write_flush_threads: usize,
     /// How often unsynced metadata is made durable.
     pub wal_sync_interval_ms: u64,
     pub drive_open: DriveOpenOptions,
@@ -130,6 +135,7 @@ impl EngineConfig {
             inline_bytes_max: 64 * 1024,
             shard_bytes_max: 1 << 20,
             write_buffer_bytes_max: 16 << 20,
+            write_flush_threads: 2,
             wal_sync_interval_ms: 1000,
             drive_open: DriveOpenOptions::default(),
             drive_wrapper: None,
@@ -221,7 +227,11 @@ pub struct Engine {
     next_ino: AtomicU64,
     next_stripe: AtomicU64,
     files: AtomicU64,
-    buffers: Mutex<HashMap<Ino, Arc<Mutex<WriteBuffer>>>>,
+    buffers: Mutex<HashMap<Ino, Arc<FileBuf>>>,
+    /// Files whose buffers the flush threads should write out.
+    flush_tx: std::sync::mpsc::Sender<Ino>,
+    flush_rx: Mutex<Option<std::sync::mpsc::Receiver<Ino>>>,
+    flush_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     events: tokio::sync::broadcast::Sender<ChangeEvent>,
     pub(crate) jobs: crate::jobs::Jobs,
     pub(crate) auth_cache: Mutex<HashMap<(String, [u8; 32]), (Caller, std::time::Instant)>>,
@@ -385,6 +395,7 @@ impl Engine {
         let (events, _) = tokio::sync::broadcast::channel(4096);
         let audit_next = Self::last_audit_seq(&db)? + 1;
         let has_stubs = db.iterator_cf(db.cf_handle(CF_REMOTE).expect("cf"), IteratorMode::Start).next().is_some();
+        let (flush_tx, flush_rx) = std::sync::mpsc::channel();
         let engine = Arc::new(Engine {
             db,
             data,
@@ -394,6 +405,9 @@ impl Engine {
             next_stripe: AtomicU64::new(next_stripe),
             files: AtomicU64::new(files),
             buffers: Mutex::new(HashMap::new()),
+            flush_tx,
+            flush_rx: Mutex::new(Some(flush_rx)),
+            flush_threads: Mutex::new(Vec::new()),
             events,
             jobs: crate::jobs::Jobs::default(),
             auth_cache: Mutex::new(HashMap::new()),
@@ -408,6 +422,7 @@ impl Engine {
         engine.ensure_admin()?;
         engine.reclaim_orphans()?;
         engine.start_sync_thread();
+        engine.start_flush_threads();
         crate::jobs::resume(&engine)?;
         Ok(engine)
     }
@@ -611,15 +626,24 @@ impl Engine {
         }
     }
 
-    fn buffer_of(&self, ino: Ino) -> Option<Arc<Mutex<WriteBuffer>>> {
+    fn buffer_of(&self, ino: Ino) -> Option<Arc<FileBuf>> {
         self.buffers.lock().get(&ino).cloned()
+    }
+
+    /// Discards a deleted file's buffered bytes; writers waiting on it look again.
+    fn drop_buffer(&self, ino: Ino) {
+        let dropped = self.buffers.lock().remove(&ino);
+        if let Some(fb) = dropped {
+            fb.state.lock().detached = true;
+            fb.room.notify_all();
+        }
     }
 
     /// Attributes with buffered (not yet flushed) writes taken into account.
     fn overlay_attr(&self, ino: Ino, rec: &InodeRec) -> Attr {
         let mut a = attr_of(ino, rec);
         if let Some(b) = self.buffer_of(ino) {
-            let b = b.lock();
+            let b = b.state.lock();
             if !b.is_empty() {
                 a.size = a.size.max(b.size);
                 a.mtime_ns = a.mtime_ns.max(b.mtime_ns);
@@ -766,7 +790,8 @@ impl Engine {
             }
         }
         let buf = self.buffer_of(ino);
-        let guard = buf.as_ref().map(|b| b.lock());
+        let _committing = buf.as_ref().map(|b| b.commit.read());
+        let guard = buf.as_ref().map(|b| b.state.lock());
         // Reload under the buffer lock: a flush may have committed meanwhile.
         let rec = if guard.is_some() { self.load(ino)? } else { rec };
         let size = match &guard {
@@ -971,6 +996,34 @@ impl Engine {
             })
             .expect("spawn metadata sync thread");
         *self.sync_thread.lock() = Some(h);
+    }
+
+    fn start_flush_threads(self: &Arc<Self>) {
+        let Some(rx) = self.flush_rx.lock().take() else { return };
+        let rx = Arc::new(Mutex::new(rx));
+        let mut handles = self.flush_threads.lock();
+        for i in 0..self.cfg.write_flush_threads {
+            let weak = Arc::downgrade(self);
+            let rx = rx.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("aquifer-flush-{i}"))
+                .spawn(move || {
+                    loop {
+                        let next = rx.lock().recv_timeout(Duration::from_millis(200));
+                        let Some(e) = weak.upgrade() else { return };
+                        if e.closed.load(Ordering::Acquire) {
+                            return;
+                        }
+                        match next {
+                            Ok(ino) => e.background_flush(ino),
+                            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                        }
+                    }
+                })
+                .expect("spawn flush thread");
+            handles.push(h);
+        }
     }
 
     pub(crate) fn put_inode(&self, batch: &mut WriteBatch, ino: Ino, rec: &InodeRec) {
@@ -1294,7 +1347,7 @@ impl Engine {
         }
         let files = self.files.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
         batch.put_cf(self.cf(CF_SYSTEM), KEY_FILES, be64(files));
-        self.buffers.lock().remove(&ino);
+        self.drop_buffer(ino);
         Ok(())
     }
 
@@ -1723,15 +1776,20 @@ impl Engine {
             return Err(Error::FileTooLarge);
         }
         if !data.is_empty() {
-            let full = loop {
-                let buf = {
+            let max = self.cfg.write_buffer_bytes_max;
+            let flush_here = loop {
+                let fb = {
                     let mut map = self.buffers.lock();
-                    map.entry(ino).or_insert_with(|| Arc::new(Mutex::new(WriteBuffer::new(rec.size)))).clone()
+                    map.entry(ino).or_insert_with(|| Arc::new(FileBuf::new(rec.size))).clone()
                 };
-                let mut b = buf.lock();
+                let mut b = fb.state.lock();
                 if b.detached {
                     // A flush emptied and dropped this buffer after we looked it up.
                     continue;
+                }
+                if let Some(msg) = &b.flush_error {
+                    // Kept for the next flush (commit, close), which must report it too.
+                    return Err(Error::Io(format!("an earlier write-out of this file failed: {msg}")));
                 }
                 if b.is_empty() {
                     // Nothing buffered: the committed size is the base (a flush or a truncation
@@ -1739,9 +1797,25 @@ impl Engine {
                     b.size = self.load(ino)?.size;
                 }
                 b.insert(offset, data, self.now());
-                break b.bytes() >= self.cfg.write_buffer_bytes_max;
+                if b.bytes() < max {
+                    break false;
+                }
+                if self.cfg.write_flush_threads == 0 {
+                    break true;
+                }
+                if !b.flush_pending {
+                    if self.flush_tx.send(ino).is_err() {
+                        break true;
+                    }
+                    b.flush_pending = true;
+                }
+                // Bounded memory: a writer faster than the drives waits for room.
+                while b.flush_pending && !b.detached && b.bytes() >= 2 * max {
+                    fb.room.wait(&mut b);
+                }
+                break false;
             };
-            if full {
+            if flush_here {
                 self.flush_full_stripes(ino)?;
             }
         }
@@ -1782,19 +1856,60 @@ impl Engine {
 
     /// Writes out whole stripes from the buffer, keeping a partial tail buffered.
     fn flush_full_stripes(&self, ino: Ino) -> Result<()> {
-        let Some(buf) = self.buffer_of(ino) else { return Ok(()) };
-        let mut b = buf.lock();
-        let stripe = self.data.pools[self.pool_of(ino) as usize].stripe_data_max();
-        let mut segs = b.take_full(stripe as usize);
+        let Some(fb) = self.buffer_of(ino) else { return Ok(()) };
+        let _flushing = fb.flushing.lock();
+        let mut b = fb.state.lock();
+        let segs = self.take_for_flush(ino, &mut b);
         if segs.is_empty() {
-            // Many small scattered writes: write them all.
-            segs = b.take_all();
+            return Ok(());
         }
-        let res = self.write_segments(ino, segs, b.size, false);
+        self.write_taken(ino, &fb, &mut b, segs, false)
+    }
+
+    /// Whole stripes from the front of each long segment; with none (many small scattered
+    /// writes), everything.
+    fn take_for_flush(&self, ino: Ino, b: &mut WriteBuffer) -> Vec<(u64, Vec<u8>)> {
+        let stripe = self.data.pools[self.pool_of(ino) as usize].stripe_data_max();
+        let segs = b.take_full(stripe as usize);
+        if segs.is_empty() { b.take_all() } else { segs }
+    }
+
+    /// Writes and commits segments just taken from `fb`'s buffer (locked as `b`), unlocking the
+    /// buffer meanwhile: writers go on adding to it and readers see the taken bytes as in
+    /// flight. The caller holds the file's flush lock.
+    fn write_taken(&self, ino: Ino, fb: &FileBuf, b: &mut parking_lot::MutexGuard<'_, WriteBuffer>, segs: Vec<(u64, Vec<u8>)>, durable: bool) -> Result<()> {
+        let size = b.size;
+        let segs: Vec<Segment> = segs.into_iter().map(|(o, d)| (o, Arc::new(d))).collect();
+        b.set_in_flight(&segs);
+        fb.room.notify_all();
+        let res = parking_lot::MutexGuard::unlocked(b, || self.write_segments(ino, &segs, size, durable, &fb.commit));
+        b.clear_in_flight();
         if res.is_err() {
-            self.forget_failed(ino, &mut b);
+            self.forget_failed(ino, b);
         }
         res
+    }
+
+    /// A flush thread's turn at `ino`: writes full stripes until less than the buffer limit
+    /// is left. A failure is kept for the file's next flush to report.
+    fn background_flush(&self, ino: Ino) {
+        let Some(fb) = self.buffer_of(ino) else { return };
+        let max = self.cfg.write_buffer_bytes_max;
+        loop {
+            let _flushing = fb.flushing.lock();
+            let mut b = fb.state.lock();
+            if b.detached || b.flush_error.is_some() || b.bytes() < max {
+                b.flush_pending = false;
+                fb.room.notify_all();
+                return;
+            }
+            let segs = self.take_for_flush(ino, &mut b);
+            if let Err(e) = self.write_taken(ino, &fb, &mut b, segs, false) {
+                tracing::error!(ino, "background write-out: {e}");
+                b.flush_error = Some(e.to_string());
+            }
+            fb.room.notify_all();
+        }
     }
 
     /// After a failed flush the lost segments must not keep counting towards the size.
@@ -1803,30 +1918,34 @@ impl Engine {
         b.size = committed.max(b.end());
     }
 
-    /// Writes every buffered byte of `ino` to stripes and commits the extents.
+    /// Writes every buffered byte of `ino` to stripes and commits the extents. Waits for a
+    /// running background flush of the file first, and reports its failure if it had one.
     pub(crate) fn flush(&self, ino: Ino, durable: bool) -> Result<()> {
-        let Some(buf) = self.buffer_of(ino) else {
+        let Some(fb) = self.buffer_of(ino) else {
             return if durable { self.data.sync_dirty() } else { Ok(()) };
         };
-        let mut b = buf.lock();
+        let _flushing = fb.flushing.lock();
+        let mut b = fb.state.lock();
+        let earlier = b.flush_error.take();
         let segs = b.take_all();
-        let size = b.size;
         let res = if segs.is_empty() {
             // Nothing buffered, but earlier unstable flushes may still be unsynced.
             if durable { self.data.sync_dirty() } else { Ok(()) }
         } else {
-            self.write_segments(ino, segs, size, durable)
+            self.write_taken(ino, &fb, &mut b, segs, durable)
         };
-        if res.is_err() {
-            self.forget_failed(ino, &mut b);
-        }
+        let res = match earlier {
+            Some(msg) => Err(Error::Io(format!("an earlier write-out of this file failed: {msg}"))),
+            None => res,
+        };
         if res.is_ok() && b.is_empty() {
             drop(b);
             let mut map = self.buffers.lock();
-            if let Some(x) = map.get(&ino).filter(|x| Arc::ptr_eq(x, &buf)).cloned() {
-                let mut xb = x.lock();
+            if let Some(x) = map.get(&ino).filter(|x| Arc::ptr_eq(x, &fb)).cloned() {
+                let mut xb = x.state.lock();
                 if xb.is_empty() {
                     xb.detached = true;
+                    x.room.notify_all();
                     drop(xb);
                     map.remove(&ino);
                 }
@@ -1838,7 +1957,9 @@ impl Engine {
     /// Encodes buffered segments into stripes and commits them in one command. On error the
     /// segments are lost from the buffer and the error is returned to the writer, which has
     /// not been told the data is stable.
-    fn write_segments(&self, ino: Ino, segs: Vec<(u64, Vec<u8>)>, size: u64, durable: bool) -> Result<()> {
+    /// `commit` is held exclusively while the extents are committed (readers of the file hold
+    /// it shared).
+    fn write_segments(&self, ino: Ino, segs: &[Segment], size: u64, durable: bool, commit: &parking_lot::RwLock<()>) -> Result<()> {
         let rec = self.load(ino)?;
         let end = segs.iter().map(|(o, d)| o + d.len() as u64).max().unwrap_or(0).max(size);
         if rec.storage == Storage::Inline && end <= self.cfg.inline_bytes_max {
@@ -1847,22 +1968,25 @@ impl Engine {
             if (data.len() as u64) < data_end {
                 data.resize(data_end as usize, 0);
             }
-            for (o, d) in &segs {
+            for (o, d) in segs {
                 data[*o as usize..*o as usize + d.len()].copy_from_slice(d);
             }
             let cmd = Command::WriteExtents { ino, extents: vec![], inline: Some(data), size_at_least: size, now: self.now() };
+            let _committing = commit.write();
             return self.execute(cmd, durable).map(|_| ());
         }
+        let merged: Vec<Segment>;
         let mut segs = segs;
         if rec.storage == Storage::Inline {
             // Moving out of metadata: the inline bytes become the first extent's data.
             if let Some(old) = self.db.get_cf(self.cf(CF_INLINE), be64(ino))? {
                 let mut wb = WriteBuffer::new(0);
                 wb.insert(0, &old, 0);
-                for (o, d) in &segs {
+                for (o, d) in segs {
                     wb.insert(*o, d, 0);
                 }
-                segs = wb.take_all();
+                merged = wb.take_all().into_iter().map(|(o, d)| (o, Arc::new(d))).collect();
+                segs = &merged;
             }
         }
         let pool = self.pool_of(ino);
@@ -1872,7 +1996,7 @@ impl Engine {
         let mut failure = None;
         // Up to STRIPES_IN_FLIGHT_MAX stripes have their shard writes outstanding at once, so
         // encoding the next stripe overlaps the drives writing the previous ones.
-        'outer: for (off, d) in &segs {
+        'outer: for (off, d) in segs {
             for (i, chunk) in d.chunks(stripe_max).enumerate() {
                 if in_flight.len() >= STRIPES_IN_FLIGHT_MAX {
                     let (o, ps) = in_flight.pop_front().expect("non-empty");
@@ -1913,7 +2037,11 @@ impl Engine {
         }
         let written: Vec<StripeRec> = extents.iter().map(|(_, _, r)| r.clone()).collect();
         let cmd = Command::WriteExtents { ino, extents, inline: None, size_at_least: size, now: self.now() };
-        match self.execute(cmd, durable) {
+        let committed = {
+            let _committing = commit.write();
+            self.execute(cmd, durable)
+        };
+        match committed {
             Ok(_) => Ok(()),
             Err(e) => {
                 for s in &written {
@@ -1959,7 +2087,7 @@ impl Engine {
     }
 
     pub fn abort_put(&self, _caller: &Caller, ino: Ino) -> Result<()> {
-        self.buffers.lock().remove(&ino);
+        self.drop_buffer(ino);
         self.execute(Command::DeleteOrphan { ino }, false).map(|_| ())
     }
 

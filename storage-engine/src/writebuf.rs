@@ -1,12 +1,54 @@
 //! Per-file write buffer: unstable writes collect here until a full stripe, a commit, a
 //! close or an fsync writes them out. Reads overlay it, so a writer sees its own bytes.
+//!
+//! A flush takes segments out of the buffer and keeps them as `in_flight` while it encodes,
+//! writes and commits them without holding the buffer's lock, so writers go on adding bytes
+//! and readers still see the taken bytes until their extents are committed. Flushes of one
+//! file run one at a time (the engine's per-file flush lock), so they commit in the order they
+//! took their bytes.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// A taken segment: shared between the flush writing it and readers overlaying it.
+pub(crate) type Segment = (u64, Arc<Vec<u8>>);
+
+/// A file's write buffer with the locks of its flushes.
+pub(crate) struct FileBuf {
+    pub state: parking_lot::Mutex<WriteBuffer>,
+    /// Held by a flush from taking its segments until they are committed, so flushes of one
+    /// file commit in the order they took their bytes. Taken before `state`.
+    pub flushing: parking_lot::Mutex<()>,
+    /// Signalled under `state` when a background flush took bytes or finished, for writers
+    /// waiting for room.
+    pub room: parking_lot::Condvar,
+    /// Readers hold it shared while they read extents; a flush holds it exclusively while it
+    /// commits extents, which may free the stripes a reader is reading. Taken before `state`.
+    pub commit: parking_lot::RwLock<()>,
+}
+
+impl FileBuf {
+    pub fn new(size: u64) -> FileBuf {
+        FileBuf {
+            state: parking_lot::Mutex::new(WriteBuffer::new(size)),
+            flushing: parking_lot::Mutex::new(()),
+            room: parking_lot::Condvar::new(),
+            commit: parking_lot::RwLock::new(()),
+        }
+    }
+}
 
 pub(crate) struct WriteBuffer {
     /// Non-overlapping, non-adjacent segments: offset → bytes.
     segs: BTreeMap<u64, Vec<u8>>,
     bytes: usize,
+    /// Segments a running flush took and has not committed yet; older than every `segs` byte.
+    in_flight: Vec<Segment>,
+    /// A background flush of this file is queued or running.
+    pub flush_pending: bool,
+    /// Why a background flush failed; reported by the next flush (commit, close, fsync),
+    /// which is where the writer learns whether its unstable bytes were kept.
+    pub flush_error: Option<String>,
     /// File size including buffered bytes.
     pub size: u64,
     pub mtime_ns: i64,
@@ -17,16 +59,38 @@ pub(crate) struct WriteBuffer {
 
 impl WriteBuffer {
     pub fn new(size: u64) -> WriteBuffer {
-        WriteBuffer { segs: BTreeMap::new(), bytes: 0, size, mtime_ns: 0, detached: false }
+        WriteBuffer {
+            segs: BTreeMap::new(),
+            bytes: 0,
+            in_flight: Vec::new(),
+            flush_pending: false,
+            flush_error: None,
+            size,
+            mtime_ns: 0,
+            detached: false,
+        }
     }
 
+    /// Nothing buffered and nothing being flushed.
     pub fn is_empty(&self) -> bool {
-        self.segs.is_empty()
+        self.segs.is_empty() && self.in_flight.is_empty()
     }
 
-    /// End of the last buffered segment (0 when empty).
+    /// Marks `segs` as taken by a running flush (still visible to `overlay`).
+    pub fn set_in_flight(&mut self, segs: &[Segment]) {
+        debug_assert!(self.in_flight.is_empty(), "one flush of a file at a time");
+        self.in_flight = segs.to_vec();
+    }
+
+    /// The running flush committed (or lost) its segments.
+    pub fn clear_in_flight(&mut self) {
+        self.in_flight.clear();
+    }
+
+    /// End of the last buffered or in-flight segment (0 when empty).
     pub fn end(&self) -> u64 {
-        self.segs.iter().next_back().map(|(o, d)| o + d.len() as u64).unwrap_or(0)
+        let buffered = self.segs.iter().next_back().map(|(o, d)| o + d.len() as u64).unwrap_or(0);
+        self.in_flight.iter().map(|(o, d)| o + d.len() as u64).fold(buffered, u64::max)
     }
 
     pub fn bytes(&self) -> usize {
@@ -83,17 +147,24 @@ impl WriteBuffer {
         self.segs.range(off..=end).next().is_some()
     }
 
-    /// Copies buffered bytes over `out`, which holds the file's bytes at `off`.
+    /// Copies buffered bytes over `out`, which holds the file's bytes at `off`: first those
+    /// a flush is writing, then the newer ones still buffered.
     pub fn overlay(&self, off: u64, out: &mut [u8]) {
         let end = off + out.len() as u64;
-        for (o, d) in self.segs.range(..end) {
+        let copy = |o: u64, d: &[u8], out: &mut [u8]| {
             let dend = o + d.len() as u64;
-            if dend <= off {
-                continue;
+            if dend <= off || o >= end {
+                return;
             }
-            let a = off.max(*o);
+            let a = off.max(o);
             let b = end.min(dend);
             out[(a - off) as usize..(b - off) as usize].copy_from_slice(&d[(a - o) as usize..(b - o) as usize]);
+        };
+        for (o, d) in &self.in_flight {
+            copy(*o, d, out);
+        }
+        for (o, d) in self.segs.range(..end) {
+            copy(*o, d, out);
         }
     }
 
@@ -142,6 +213,26 @@ mod tests {
         let all = b.take_all();
         assert_eq!(all, vec![(0, b"zz".to_vec()), (10, b"aXYde".to_vec())]);
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn in_flight_bytes_stay_visible_under_newer_writes() {
+        let mut b = WriteBuffer::new(0);
+        b.insert(0, b"abcdef", 1);
+        let taken: Vec<Segment> = b.take_all().into_iter().map(|(o, d)| (o, Arc::new(d))).collect();
+        b.set_in_flight(&taken);
+        assert!(!b.is_empty(), "bytes being flushed still count as buffered");
+        assert_eq!(b.bytes(), 0);
+        b.insert(2, b"XY", 2); // newer than the flushing bytes: wins in the overlay
+        let mut out = vec![b'.'; 8];
+        b.overlay(0, &mut out);
+        assert_eq!(&out, b"abXYef..");
+        assert_eq!(b.end(), 6);
+        b.clear_in_flight();
+        let mut out = vec![b'.'; 8];
+        b.overlay(0, &mut out);
+        assert_eq!(&out, b"..XY....");
+        assert_eq!(b.end(), 4);
     }
 
     #[test]

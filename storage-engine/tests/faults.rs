@@ -164,6 +164,44 @@ fn write_errors_leave_old_data_and_no_leaked_space() {
 }
 
 #[test]
+fn a_failed_background_write_out_fails_the_next_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let e = open(dir.path());
+        e.shutdown().unwrap();
+    }
+    let ctl = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let e = Engine::open(faulty_config(dir.path(), ctl.clone())).unwrap();
+    let c = root();
+    let old = bytes(1, 250_000);
+    let ino = put(&e, "/f", &old);
+    e.sync_metadata().unwrap();
+    let used: Vec<u64> = e.drives().iter().map(|d| d.used_bytes).collect();
+    ctl.lock()[2].fail_writes_after(Some(0));
+    // Unstable writes past the buffer limit: full stripes go out in the background and fail
+    // there. The writer may hear of it at a later write; the commit must hear of it.
+    let new = bytes(2, 1_000_000);
+    let mut write_failed = false;
+    for (i, chunk) in new.chunks(40_000).enumerate() {
+        if e.write(&c, ino, (i * 40_000) as u64, chunk, Stability::Unstable).is_err() {
+            write_failed = true;
+            break;
+        }
+    }
+    let commit = e.commit(&c, ino);
+    assert!(matches!(commit, Err(Error::Io(_))), "commit after a failed write-out: {commit:?} (a write failed: {write_failed})");
+    // Every stripe has a shard on drive 2, so nothing new was kept: the old bytes are intact
+    // and the failed stripes' space is free again.
+    assert_eq!(get(&e, "/f"), old, "a failed write-out changed nothing committed");
+    e.sync_metadata().unwrap();
+    assert_eq!(e.drives().iter().map(|d| d.used_bytes).collect::<Vec<_>>(), used, "failed write-outs leaked no space");
+    // The failure was reported once; the file takes writes again.
+    ctl.lock()[2].clear();
+    e.write(&c, ino, 0, &new, Stability::Durable).unwrap();
+    assert_eq!(get(&e, "/f"), new);
+}
+
+#[test]
 fn a_throttled_scrub_resumes_after_restart() {
     let dir = tempfile::tempdir().unwrap();
     let id;
