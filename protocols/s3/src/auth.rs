@@ -1,5 +1,6 @@
-//! Who a request runs as: SigV4 secrets come from the engine's identity store; anonymous
-//! requests may only read buckets marked public-read.
+//! Who a request runs as: SigV4 secrets come from the engine's identity store; a bucket's
+//! policy may deny a request or allow it with the bucket owner's permissions; anonymous
+//! requests that no policy allows may only read buckets (or objects) marked public-read.
 
 use std::sync::Arc;
 
@@ -7,9 +8,10 @@ use s3s::access::{S3Access, S3AccessContext};
 use s3s::auth::{Credentials, S3Auth, SecretKey};
 use s3s::path::S3Path;
 use s3s::{S3Error, S3ErrorCode, S3Result};
-use storage_engine::{Caller, Engine, Error, FileKind, ROOT_INO};
+use storage_engine::{Caller, Engine, Error, FileKind, Ino, ROOT_INO, Role};
 
-use crate::meta::XATTR_PUBLIC_READ;
+use crate::meta::{XATTR_POLICY, XATTR_PUBLIC_READ, XATTR_TAGS, decode_tags};
+use crate::policy::{Context, Decision, Policy, Principal, action_of, bucket_arn, is_policy_admin, object_arn};
 use crate::service::blocking;
 
 pub(crate) struct EngineAuth {
@@ -108,43 +110,314 @@ fn check_presigned_expiry(query: Option<&str>) -> S3Result<()> {
     Ok(())
 }
 
-pub(crate) struct PublicReadAccess {
+/// The peer address of a connection, put in every request's extensions by the listener
+/// (`aws:SourceIp` in bucket policies).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerAddr(pub std::net::IpAddr);
+
+/// A bucket policy allowed this request: it runs with the bucket owner's permissions (as
+/// a user, never with an administrator's powers), as the owner delegated them.
+#[derive(Clone)]
+pub(crate) struct PolicyGrant(pub Caller);
+
+/// For CopyObject and UploadPartCopy: the source bucket's policy allowed `s3:GetObject` on
+/// the source object, which is then read with that bucket owner's permissions.
+#[derive(Clone)]
+pub(crate) struct SourceGrant(pub Caller);
+
+/// DeleteObjects names its keys in the body, which the access check does not see: the
+/// policy is evaluated per key by the operation itself.
+#[derive(Clone)]
+pub(crate) struct PerKeyPolicy {
+    pub policy: Arc<Policy>,
+    pub principal: Option<Principal>,
+    pub context: Context,
+    pub owner: Caller,
+    pub bucket: String,
+}
+
+impl PerKeyPolicy {
+    /// The caller that deletes `key`: the owner when the policy allows it, the requester
+    /// when the policy says nothing; AccessDenied when it denies (or says nothing to an
+    /// anonymous client).
+    pub fn caller_for_delete(&self, engine: &Engine, own: &Caller, key: &str) -> S3Result<Caller> {
+        let mut cx = self.context.clone();
+        if self.policy.uses_key_prefix(EXISTING_TAG) {
+            add_existing_tags(engine, &mut cx, &self.bucket, key);
+        }
+        match self.policy.evaluate(self.principal.as_ref(), "s3:DeleteObject", &object_arn(&self.bucket, key), &cx) {
+            Decision::Deny => Err(denied_by_policy()),
+            Decision::Allow => Ok(if own.uid == self.owner.uid { own.clone() } else { self.owner.clone() }),
+            Decision::NoMatch if self.principal.is_none() => Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused")),
+            Decision::NoMatch => Ok(own.clone()),
+        }
+    }
+}
+
+const EXISTING_TAG: &str = "s3:existingobjecttag/";
+
+fn denied_by_policy() -> S3Error {
+    S3Error::with_message(S3ErrorCode::AccessDenied, "denied by the bucket policy")
+}
+
+/// The bucket's policy, if it has one. A stored policy that no longer parses (written by
+/// another version, or damaged) is treated as one that denies everything but its own
+/// management: failing closed, and the owner can still replace or delete it.
+pub(crate) fn load_policy(engine: &Engine, bucket: Ino) -> Option<Policy> {
+    let doc = engine.getxattr(&Caller::system(), bucket, XATTR_POLICY).ok()?;
+    match Policy::parse(&doc) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(bucket, error = %e, "stored bucket policy does not parse; denying access");
+            Some(Policy::parse(br#"{"Statement":{"Effect":"Deny","Principal":"*","Action":"*","Resource":"*"}}"#).expect("constant policy parses"))
+        }
+    }
+}
+
+fn add_existing_tags(engine: &Engine, cx: &mut Context, bucket: &str, key: &str) {
+    let sys = Caller::system();
+    let Ok(b) = engine.lookup(&sys, ROOT_INO, bucket.as_bytes()) else { return };
+    let Ok((parent, name)) = engine.object_parent(&sys, b.ino, key, false) else { return };
+    let Ok(a) = engine.lookup(&sys, parent, name.as_bytes()) else { return };
+    if a.kind != FileKind::File {
+        return;
+    }
+    if let Ok(v) = engine.getxattr(&sys, a.ino, XATTR_TAGS) {
+        for (k, v) in decode_tags(&v) {
+            cx.set(&format!("{EXISTING_TAG}{k}"), v);
+        }
+    }
+}
+
+/// `bucket/key` of an `x-amz-copy-source` header (URL-encoded, optional leading `/`, an
+/// optional `?versionId=`).
+fn copy_source_of(h: &str) -> Option<(String, String)> {
+    let h = h.split_once("?versionId=").map_or(h, |(p, _)| p);
+    let decoded = urlencoding::decode(h).ok()?;
+    let (b, k) = decoded.trim_start_matches('/').split_once('/')?;
+    (!b.is_empty() && !k.is_empty()).then(|| (b.to_string(), k.to_string()))
+}
+
+/// The condition keys a request carries that do not need the engine.
+fn request_context(cx: &S3AccessContext<'_>) -> Context {
+    let mut c = Context::default();
+    for (name, value) in cx.headers() {
+        let Ok(v) = value.to_str() else { continue };
+        let n = name.as_str();
+        if n.starts_with("x-amz-") {
+            c.add(&format!("s3:{n}"), v);
+        }
+    }
+    if let Some(src) = cx.headers().get("x-amz-copy-source").and_then(|v| v.to_str().ok()).and_then(copy_source_of) {
+        c.set("s3:x-amz-copy-source", format!("{}/{}", src.0, src.1));
+    }
+    if let Some(t) = cx.headers().get("x-amz-tagging").and_then(|v| v.to_str().ok()) {
+        for pair in t.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let dec = |s: &str| urlencoding::decode(&s.replace('+', " ")).map(|c| c.into_owned()).unwrap_or_default();
+            let k = dec(k);
+            c.add("s3:RequestObjectTagKeys", k.clone());
+            c.set(&format!("s3:RequestObjectTag/{k}"), dec(v));
+        }
+    }
+    for (h, key) in [("referer", "aws:Referer"), ("user-agent", "aws:UserAgent")] {
+        if let Some(v) = cx.headers().get(h).and_then(|v| v.to_str().ok()) {
+            c.set(key, v);
+        }
+    }
+    if let Some(q) = cx.uri().query() {
+        for pair in q.split('&') {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let key = match k {
+                "prefix" => "s3:prefix",
+                "delimiter" => "s3:delimiter",
+                "max-keys" => "s3:max-keys",
+                "versionId" => "s3:versionid",
+                _ => continue,
+            };
+            c.set(key, urlencoding::decode(&v.replace('+', " ")).map(|c| c.into_owned()).unwrap_or_default());
+        }
+    }
+    // The S3 listener serves plain HTTP (TLS, where used, ends in front of it).
+    c.set("aws:SecureTransport", "false");
+    let now = time::OffsetDateTime::now_utc();
+    c.set("aws:EpochTime", now.unix_timestamp().to_string());
+    if let Ok(t) = now.replace_nanosecond(0).map_err(|_| ()).and_then(|t| t.format(&time::format_description::well_known::Rfc3339).map_err(|_| ())) {
+        c.set("aws:CurrentTime", t);
+    }
+    c
+}
+
+/// What the access check leaves for the operation.
+#[derive(Default)]
+struct Outcome {
+    grant: Option<Caller>,
+    source_grant: Option<Caller>,
+    per_key: Option<PerKeyPolicy>,
+}
+
+struct Asked {
+    access_key: Option<String>,
+    bucket: String,
+    key: Option<String>,
+    op: String,
+    context: Context,
+    copy_source: Option<(String, String)>,
+}
+
+/// The bucket owner as a caller with a user's permissions (never an administrator's).
+fn owner_caller(engine: &Engine, b: &storage_engine::Attr) -> Caller {
+    engine.caller_for_uid(b.uid, b.gid, &[]).unwrap_or_else(|_| Caller { user: format!("uid:{}", b.uid), uid: b.uid, gid: b.gid, groups: vec![], role: Role::User })
+}
+
+fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
+    let sys = Caller::system();
+    let me = match &a.access_key {
+        Some(k) => Some(engine.s3_credentials(k).map_err(|_| S3Error::new(S3ErrorCode::InvalidAccessKeyId))?.1),
+        None => None,
+    };
+    let principal = me.as_ref().map(|c| Principal { uid: c.uid, user: c.user.clone(), access_key: a.access_key.clone().unwrap_or_default() });
+    if let Some(c) = &me {
+        a.context.set("aws:username", c.user.clone());
+        a.context.set("aws:userid", c.uid.to_string());
+    }
+    let bucket_dir = |name: &str| match engine.lookup(&sys, ROOT_INO, name.as_bytes()) {
+        Ok(attr) if attr.kind == FileKind::Dir => Some(attr),
+        _ => None,
+    };
+    let mut out = Outcome::default();
+    let mut allowed = false;
+    if a.op != "CreateBucket"
+        && let Some(b) = bucket_dir(&a.bucket)
+        && let Some(policy) = load_policy(engine, b.ino)
+    {
+        let owner = owner_caller(engine, &b);
+        let delegated = |owner: Caller| me.as_ref().is_none_or(|c| c.uid != owner.uid).then_some(owner);
+        if a.op == "DeleteObjects" {
+            out.per_key = Some(PerKeyPolicy { policy: Arc::new(policy), principal: principal.clone(), context: a.context.clone(), owner, bucket: a.bucket.clone() });
+            // Each key is decided by the operation; an anonymous client gets there only
+            // because a policy exists that might allow it.
+            allowed = true;
+        } else {
+            let resource = match &a.key {
+                Some(k) => object_arn(&a.bucket, k),
+                None => bucket_arn(&a.bucket),
+            };
+            let mut cx = a.context.clone();
+            if let Some(k) = &a.key
+                && policy.uses_key_prefix(EXISTING_TAG)
+            {
+                add_existing_tags(engine, &mut cx, &a.bucket, k);
+            }
+            match policy.evaluate(principal.as_ref(), &action_of(&a.op), &resource, &cx) {
+                Decision::Deny => {
+                    let manager = me.as_ref().is_some_and(|c| c.uid == b.uid || c.uid == 0 || c.role >= Role::Admin);
+                    if !(is_policy_admin(&a.op) && manager) {
+                        return Err(denied_by_policy());
+                    }
+                }
+                Decision::Allow => {
+                    allowed = true;
+                    out.grant = delegated(owner);
+                }
+                Decision::NoMatch => {}
+            }
+        }
+    }
+    if let Some((sb, sk)) = &a.copy_source {
+        let mut source_allowed = false;
+        if let Some(b) = bucket_dir(sb)
+            && let Some(policy) = load_policy(engine, b.ino)
+        {
+            let mut cx = a.context.clone();
+            if policy.uses_key_prefix(EXISTING_TAG) {
+                add_existing_tags(engine, &mut cx, sb, sk);
+            }
+            match policy.evaluate(principal.as_ref(), "s3:GetObject", &object_arn(sb, sk), &cx) {
+                Decision::Deny => return Err(denied_by_policy()),
+                Decision::Allow => {
+                    source_allowed = true;
+                    let owner = owner_caller(engine, &b);
+                    if me.as_ref().is_none_or(|c| c.uid != owner.uid) {
+                        out.source_grant = Some(owner);
+                    }
+                }
+                Decision::NoMatch => {}
+            }
+        }
+        // An anonymous client may copy only what it may read.
+        if me.is_none() && !source_allowed && bucket_visibility(engine, sb) != BucketVisibility::PublicRead && !object_is_public(engine, sb, sk) {
+            return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused"));
+        }
+    }
+    if me.is_none() && !allowed {
+        anonymous_check(engine, &a.bucket, a.key.as_deref(), &a.op)?;
+    }
+    Ok(out)
+}
+
+/// Without a policy that allows it, an anonymous client may only read public-read buckets
+/// and objects.
+fn anonymous_check(engine: &Engine, bucket: &str, key: Option<&str>, op: &str) -> S3Result<()> {
+    let visibility = bucket_visibility(engine, bucket);
+    if key.is_some() && OBJECT_READS.contains(&op) && visibility == BucketVisibility::Private && key.is_some_and(|k| object_is_public(engine, bucket, k)) {
+        return Ok(());
+    }
+    // As S3: a bucket that does not exist is NoSuchBucket for anyone (bucket names are
+    // one shared name space, so this discloses nothing a CreateBucket would not).
+    if visibility == BucketVisibility::Missing && op != "CreateBucket" {
+        return Err(S3Error::new(S3ErrorCode::NoSuchBucket));
+    }
+    if visibility == BucketVisibility::PublicRead && ANONYMOUS_READS.contains(&op) {
+        Ok(())
+    } else {
+        Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused"))
+    }
+}
+
+/// The access check s3s runs before every operation: presigned-URL validity, bucket
+/// policies, and what anonymous clients may do.
+pub(crate) struct PolicyAccess {
     pub engine: Arc<Engine>,
 }
 
 #[async_trait::async_trait]
-impl S3Access for PublicReadAccess {
+impl S3Access for PolicyAccess {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
-        if cx.credentials().is_some() {
-            return check_presigned_expiry(cx.uri().query());
+        let access_key = cx.credentials().map(|c| c.access_key.clone());
+        if access_key.is_some() {
+            check_presigned_expiry(cx.uri().query())?;
         }
         let (bucket, key) = match cx.s3_path() {
             S3Path::Bucket { bucket } => (bucket.to_string(), None),
             S3Path::Object { bucket, key } => (bucket.to_string(), Some(key.to_string())),
+            S3Path::Root if access_key.is_some() => return Ok(()),
             S3Path::Root => return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused")),
         };
-        let op = cx.s3_op().name();
-        let engine = self.engine.clone();
-        let object_read = key.is_some() && OBJECT_READS.contains(&op);
-        let (visibility, object_public) = blocking(move || {
-            let v = bucket_visibility(&engine, &bucket);
-            let marked = object_read && v == BucketVisibility::Private && key.as_deref().is_some_and(|k| object_is_public(&engine, &bucket, k));
-            Ok((v, marked))
-        })
-        .await?;
-        if object_public {
-            return Ok(());
+        let op = cx.s3_op().name().to_string();
+        let mut context = request_context(cx);
+        if let Some(PeerAddr(ip)) = cx.extensions_mut().get::<PeerAddr>() {
+            context.set("aws:SourceIp", ip.to_canonical().to_string());
         }
-        // As S3: a bucket that does not exist is NoSuchBucket for anyone (bucket names are
-        // one shared name space, so this discloses nothing a CreateBucket would not).
-        if visibility == BucketVisibility::Missing && op != "CreateBucket" {
-            return Err(S3Error::new(S3ErrorCode::NoSuchBucket));
-        }
-        if visibility == BucketVisibility::PublicRead && ANONYMOUS_READS.contains(&op) {
-            Ok(())
+        let copy_source = if matches!(op.as_str(), "CopyObject" | "UploadPartCopy") {
+            cx.headers().get("x-amz-copy-source").and_then(|v| v.to_str().ok()).and_then(copy_source_of)
         } else {
-            Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused"))
+            None
+        };
+        let engine = self.engine.clone();
+        let asked = Asked { access_key, bucket, key, op, context, copy_source };
+        let out = blocking(move || decide(&engine, asked)).await?;
+        let ext = cx.extensions_mut();
+        if let Some(c) = out.grant {
+            ext.insert(PolicyGrant(c));
         }
+        if let Some(c) = out.source_grant {
+            ext.insert(SourceGrant(c));
+        }
+        if let Some(p) = out.per_key {
+            ext.insert(p);
+        }
+        Ok(())
     }
 }
 

@@ -4,8 +4,10 @@
 //! storage engine, whose blocking API it always calls through `spawn_blocking`.
 //!
 //! Authentication: an access key is looked up with `Engine::s3_credentials` and the request
-//! runs as that key's user, so the engine checks every permission. Anonymous requests are
-//! refused unless the bucket is marked public-read (see [`meta`]), and then only reads.
+//! runs as that key's user, so the engine checks every permission. A bucket policy (see
+//! `policy`) can deny a request, or allow it with the bucket owner's permissions. Anonymous
+//! requests no policy allows are refused unless the bucket is marked public-read (see
+//! [`meta`]), and then only reads.
 //!
 //! Bodies stream: uploads go to the engine in [`PUT_CHUNK_BYTES`] pieces, downloads come
 //! from it in [`READ_PIECE_BYTES_MAX`] pieces, so memory per request does not grow with the
@@ -15,11 +17,13 @@ mod auth;
 mod error;
 mod keys;
 pub mod meta;
+mod policy;
 mod server;
 mod service;
 
 pub use keys::KEY_BYTES_MAX;
 pub use meta::{TAG_KEY_BYTES_MAX, TAG_VALUE_BYTES_MAX, TAGS_MAX};
+pub use policy::POLICY_BYTES_MAX;
 pub use server::{CONNECTIONS_MAX, SHUTDOWN_GRACE_MS, serve};
 pub use service::{LIST_KEYS_DEFAULT, PART_BYTES_MIN, PUT_CHUNK_BYTES, READ_PIECE_BYTES_MAX};
 

@@ -6,6 +6,8 @@
 //! | `aquifer.s3.meta` | object | JSON: content headers and `x-amz-meta-*` |
 //! | `aquifer.s3.tags` | object | JSON: the tag set as `[[key, value], ...]` |
 //! | `aquifer.s3.public-read` | bucket directory | `1`: anonymous clients may read |
+//! | `aquifer.s3.policy` | bucket directory | the bucket policy (JSON) as the owner put it, checked by `policy::Policy::parse` |
+//! | `aquifer.s3.lifecycle` | bucket directory | the lifecycle configuration as S3 XML (`<LifecycleConfiguration>`), checked by `lifecycle::check` |
 //!
 //! The ETag is valid while the file's size and mtime are those recorded with it. The engine
 //! bumps an inode's `version` for every attribute change too (setting this very xattr, or a
@@ -21,6 +23,8 @@ pub const XATTR_ETAG: &[u8] = b"aquifer.s3.etag";
 pub const XATTR_META: &[u8] = b"aquifer.s3.meta";
 pub const XATTR_TAGS: &[u8] = b"aquifer.s3.tags";
 pub const XATTR_PUBLIC_READ: &[u8] = b"aquifer.s3.public-read";
+pub const XATTR_POLICY: &[u8] = b"aquifer.s3.policy";
+pub const XATTR_LIFECYCLE: &[u8] = b"aquifer.s3.lifecycle";
 
 /// An ETag together with the data state (size, mtime) it was computed for.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,23 +16,30 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::S3Options;
-use crate::auth::{EngineAuth, PublicReadAccess};
+use crate::auth::{EngineAuth, PeerAddr, PolicyAccess};
 use crate::service::AquiferS3;
 
 /// Gives every response an `x-amz-request-id` header and every error body the same id as
 /// `<RequestId>`, so that a client's report of a failure can be found in the daemon's log
-/// (s3s sets neither).
+/// (s3s sets neither). Also gives every request its connection's peer address (bucket
+/// policies' `aws:SourceIp`).
 #[derive(Clone)]
-struct RequestIds(s3s::service::S3Service);
+struct RequestIds {
+    inner: s3s::service::S3Service,
+    peer: Option<std::net::IpAddr>,
+}
 
 impl hyper::service::Service<http::Request<hyper::body::Incoming>> for RequestIds {
     type Response = s3s::HttpResponse;
     type Error = s3s::HttpError;
     type Future = std::pin::Pin<Box<dyn Future<Output = Result<s3s::HttpResponse, s3s::HttpError>> + Send>>;
 
-    fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
+    fn call(&self, mut req: http::Request<hyper::body::Incoming>) -> Self::Future {
         let (method, path) = (req.method().clone(), req.uri().path().to_string());
-        let inner = hyper::service::Service::call(&self.0, req);
+        if let Some(ip) = self.peer {
+            req.extensions_mut().insert(PeerAddr(ip));
+        }
+        let inner = hyper::service::Service::call(&self.inner, req);
         Box::pin(async move {
             let mut resp = inner.await?;
             let id = new_request_id();
@@ -90,12 +97,12 @@ pub async fn serve(
     let service = {
         let mut b = S3ServiceBuilder::new(AquiferS3::new(engine.clone()));
         b.set_auth(EngineAuth { engine: engine.clone() });
-        b.set_access(PublicReadAccess { engine: engine.clone() });
+        b.set_access(PolicyAccess { engine: engine.clone() });
         if let Some(domain) = &opts.domain {
             let host = s3s::host::SingleDomain::new(domain).with_context(|| format!("use S3 domain {domain}"))?;
             b.set_host(host);
         }
-        RequestIds(b.build())
+        RequestIds { inner: b.build(), peer: None }
     };
     let mut conn = ConnBuilder::new(TokioExecutor::new());
     conn.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_millis(HEADER_READ_TIMEOUT_MS));
@@ -119,7 +126,8 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
-        let c = conn.serve_connection(TokioIo::new(stream), service.clone()).into_owned();
+        let svc = RequestIds { peer: Some(peer.ip()), ..service.clone() };
+        let c = conn.serve_connection(TokioIo::new(stream), svc).into_owned();
         let c = graceful.watch(c);
         tokio::spawn(async move {
             if let Err(e) = c.await {

@@ -17,7 +17,8 @@ use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ROOT_INO, Stability};
 
-use crate::auth::caller_of;
+use crate::auth::{PerKeyPolicy, PolicyGrant, SourceGrant, caller_of};
+use crate::policy::Policy;
 use crate::error::{Missing, internal, map_err};
 use crate::keys::{KeyForm, object_key, parse_key};
 use crate::meta::*;
@@ -110,7 +111,22 @@ impl AquiferS3 {
         AquiferS3 { engine }
     }
 
+    /// Who the request runs as: the bucket owner when the bucket's policy allowed it (see
+    /// `auth::Grant`), else the user of the access key (or the anonymous caller).
     fn caller<T>(&self, req: &S3Request<T>) -> S3Result<Caller> {
+        if let Some(PolicyGrant(c)) = req.extensions.get::<PolicyGrant>() {
+            return Ok(c.clone());
+        }
+        caller_of(&self.engine, req.credentials.as_ref())
+    }
+
+    /// Who reads the source of a copy: the source bucket's owner when that bucket's policy
+    /// allowed `s3:GetObject` on it, else the requester themselves (never the owner of the
+    /// destination, whose policy speaks only for the destination).
+    fn source_caller<T>(&self, req: &S3Request<T>) -> S3Result<Caller> {
+        if let Some(SourceGrant(c)) = req.extensions.get::<SourceGrant>() {
+            return Ok(c.clone());
+        }
         caller_of(&self.engine, req.credentials.as_ref())
     }
 }
@@ -890,17 +906,19 @@ fn copy_range(r: Option<&str>, size: u64) -> S3Result<(u64, u64)> {
 }
 
 /// Copies [start, end) of `src` into the staged file `dst`; returns the MD5.
-fn copy_data(engine: &Engine, caller: &Caller, src: Ino, start: u64, end: u64, dst: Ino) -> S3Result<[u8; 16]> {
+/// Copies `src[start..end)` to `dst`: `reader` reads the source, `writer` writes the
+/// destination (they differ when a bucket policy grants one side).
+fn copy_data(engine: &Engine, reader: &Caller, writer: &Caller, src: Ino, start: u64, end: u64, dst: Ino) -> S3Result<[u8; 16]> {
     let mut h = Md5::new();
     let mut off = start;
     while off < end {
         let len = READ_PIECE_BYTES_MAX.min((end - off) as usize);
-        let piece = engine.read(caller, src, off, len).map_err(|e| map_err(e, Missing::Key))?;
+        let piece = engine.read(reader, src, off, len).map_err(|e| map_err(e, Missing::Key))?;
         if piece.is_empty() {
             return Err(internal("copy source shrank while it was read"));
         }
         h.update(&piece);
-        engine.write(caller, dst, off - start, &piece, Stability::Unstable).map_err(|e| map_err(e, Missing::Key))?;
+        engine.write(writer, dst, off - start, &piece, Stability::Unstable).map_err(|e| map_err(e, Missing::Key))?;
         off += piece.len() as u64;
     }
     Ok(h.finalize().into())
@@ -914,6 +932,17 @@ fn copy_source(cs: &CopySource) -> S3Result<(String, String)> {
         }
         _ => Err(err(S3ErrorCode::NotImplemented, "copy sources must be bucket/key")),
     }
+}
+
+/// The bucket, when `caller` owns it or is an administrator: bucket settings (policy,
+/// lifecycle) are the owner's, as in S3 (a policy can delegate them: the request then runs
+/// as the owner).
+fn owned_bucket(engine: &Engine, caller: &Caller, bucket: &str, what: &str) -> S3Result<Attr> {
+    let b = bucket_attr(engine, caller, bucket)?;
+    if caller.uid != b.uid && caller.uid != 0 && caller.role < storage_engine::Role::Admin {
+        return Err(err(S3ErrorCode::AccessDenied, format!("only the bucket's owner may read or change its {what}")));
+    }
+    Ok(b)
 }
 
 /// Whether a bucket, or an object, carries the public-read mark.
@@ -1142,6 +1171,53 @@ impl S3 for AquiferS3 {
         })
         .await?;
         Ok(S3Response::new(PutBucketAclOutput::default()))
+    }
+
+    async fn get_bucket_policy(&self, req: S3Request<GetBucketPolicyInput>) -> S3Result<S3Response<GetBucketPolicyOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let bucket = req.input.bucket;
+        let doc = blocking(move || {
+            let b = owned_bucket(&engine, &caller, &bucket, "bucket policy")?;
+            match engine.getxattr(&Caller::system(), b.ino, XATTR_POLICY) {
+                Ok(v) => String::from_utf8(v).map_err(|_| internal("stored bucket policy is not UTF-8")),
+                Err(Error::NotFound) => Err(err(S3ErrorCode::NoSuchBucketPolicy, "The bucket policy does not exist")),
+                Err(e) => Err(map_err(e, Missing::Bucket)),
+            }
+        })
+        .await?;
+        Ok(S3Response::new(GetBucketPolicyOutput { policy: Some(doc) }))
+    }
+
+    /// Stores the policy as sent, after checking all of it: a document that does not parse,
+    /// or uses an Effect, Version, operator or field this server does not know, is refused
+    /// with `MalformedPolicy` and nothing changes.
+    async fn put_bucket_policy(&self, req: S3Request<PutBucketPolicyInput>) -> S3Result<S3Response<PutBucketPolicyOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        Policy::parse(input.policy.as_bytes()).map_err(|e| err(S3ErrorCode::MalformedPolicy, e.to_string()))?;
+        blocking(move || {
+            let b = owned_bucket(&engine, &caller, &input.bucket, "bucket policy")?;
+            engine.setxattr(&Caller::system(), b.ino, XATTR_POLICY, input.policy.as_bytes()).map_err(|e| map_err(e, Missing::Bucket))
+        })
+        .await?;
+        Ok(S3Response::new(PutBucketPolicyOutput::default()))
+    }
+
+    async fn delete_bucket_policy(&self, req: S3Request<DeleteBucketPolicyInput>) -> S3Result<S3Response<DeleteBucketPolicyOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let bucket = req.input.bucket;
+        blocking(move || {
+            let b = owned_bucket(&engine, &caller, &bucket, "bucket policy")?;
+            match engine.removexattr(&Caller::system(), b.ino, XATTR_POLICY) {
+                Ok(()) | Err(Error::NotFound) => Ok(()),
+                Err(e) => Err(map_err(e, Missing::Bucket)),
+            }
+        })
+        .await?;
+        Ok(S3Response::new(DeleteBucketPolicyOutput::default()))
     }
 
     async fn get_object_acl(&self, req: S3Request<GetObjectAclInput>) -> S3Result<S3Response<GetObjectAclOutput>> {
@@ -1376,6 +1452,7 @@ impl S3 for AquiferS3 {
     async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
+        let per_key = req.extensions.get::<PerKeyPolicy>().cloned();
         let input = req.input;
         if input.delete.objects.len() > DELETE_OBJECTS_MAX {
             return Err(err(S3ErrorCode::MalformedXML, format!("at most {DELETE_OBJECTS_MAX} keys per request")));
@@ -1385,7 +1462,13 @@ impl S3 for AquiferS3 {
             let b = bucket_attr(&engine, &caller, &input.bucket)?;
             let (mut deleted, mut errors) = (Vec::new(), Vec::new());
             for o in input.delete.objects {
-                let r = check_version_id(o.version_id.as_deref()).and_then(|()| delete_key(&engine, &caller, b.ino, &o.key));
+                let r = check_version_id(o.version_id.as_deref()).and_then(|()| {
+                    let who = match &per_key {
+                        Some(p) => p.caller_for_delete(&engine, &caller, &o.key)?,
+                        None => caller.clone(),
+                    };
+                    delete_key(&engine, &who, b.ino, &o.key)
+                });
                 match r {
                     Ok(()) => {
                         if !quiet {
@@ -1409,6 +1492,7 @@ impl S3 for AquiferS3 {
     async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
+        let reader = self.source_caller(&req)?;
         let input = req.input;
         let (src_bucket, src_key) = copy_source(&input.copy_source)?;
         let dst_key = object_key(&input.key)?.to_string();
@@ -1426,19 +1510,19 @@ impl S3 for AquiferS3 {
             (input.copy_source_if_match, input.copy_source_if_none_match, input.copy_source_if_modified_since, input.copy_source_if_unmodified_since);
         let dst_bucket = input.bucket;
         let (etag, attr) = blocking(move || {
-            let sb = bucket_attr(&engine, &caller, &src_bucket)?;
-            let src = object_attr(&engine, &caller, sb.ino, object_key(&src_key)?)?;
+            let sb = bucket_attr(&engine, &reader, &src_bucket)?;
+            let src = object_attr(&engine, &reader, sb.ino, object_key(&src_key)?)?;
             let conds = Conditions { if_match: cim.as_ref(), if_none_match: cinm.as_ref(), if_modified_since: cims.as_ref(), if_unmodified_since: cius.as_ref() };
             if conds.any() {
-                conds.check(&etag_of(&engine, &caller, &src)?, src.mtime_ns, false)?;
+                conds.check(&etag_of(&engine, &reader, &src)?, src.mtime_ns, false)?;
             }
-            let meta = if replace_meta { new_meta } else { load_meta(&engine, &caller, src.ino) };
-            let tags = if replace_tags { new_tags } else { load_tags(&engine, &caller, src.ino) };
+            let meta = if replace_meta { new_meta } else { load_meta(&engine, &reader, src.ino) };
+            let tags = if replace_tags { new_tags } else { load_tags(&engine, &reader, src.ino) };
             let db = bucket_attr(&engine, &caller, &dst_bucket)?;
             let (parent, _) = engine.object_parent(&caller, db.ino, &dst_key, true).map_err(|e| map_err(e, Missing::Key))?;
             let staged = engine.begin_put(&caller, parent, FILE_MODE).map_err(|e| map_err(e, Missing::Key))?;
             let staged = Staged { engine: engine.clone(), caller: caller.clone(), ino: staged.ino, armed: true };
-            let md5 = copy_data(&engine, &caller, src.ino, 0, src.size, staged.ino)?;
+            let md5 = copy_data(&engine, &reader, &caller, src.ino, 0, src.size, staged.ino)?;
             let etag = hex::encode(md5);
             let a = publish(&engine, &caller, db.ino, &dst_key, staged.ino, &etag, &meta, &tags)?;
             staged.disarm();
@@ -1735,6 +1819,7 @@ impl S3 for AquiferS3 {
     async fn upload_part_copy(&self, req: S3Request<UploadPartCopyInput>) -> S3Result<S3Response<UploadPartCopyOutput>> {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
+        let reader = self.source_caller(&req)?;
         let input = req.input;
         let n = check_part_number(input.part_number)?;
         let (src_bucket, src_key) = copy_source(&input.copy_source)?;
@@ -1742,16 +1827,16 @@ impl S3 for AquiferS3 {
             (input.copy_source_if_match, input.copy_source_if_none_match, input.copy_source_if_modified_since, input.copy_source_if_unmodified_since);
         let (etag, mtime) = blocking(move || {
             upload_of(&engine, &caller, &input.bucket, &input.key, &input.upload_id)?;
-            let sb = bucket_attr(&engine, &caller, &src_bucket)?;
-            let src = object_attr(&engine, &caller, sb.ino, object_key(&src_key)?)?;
+            let sb = bucket_attr(&engine, &reader, &src_bucket)?;
+            let src = object_attr(&engine, &reader, sb.ino, object_key(&src_key)?)?;
             let conds = Conditions { if_match: cim.as_ref(), if_none_match: cinm.as_ref(), if_modified_since: cims.as_ref(), if_unmodified_since: cius.as_ref() };
             if conds.any() {
-                conds.check(&etag_of(&engine, &caller, &src)?, src.mtime_ns, false)?;
+                conds.check(&etag_of(&engine, &reader, &src)?, src.mtime_ns, false)?;
             }
             let (start, end) = copy_range(input.copy_source_range.as_deref(), src.size)?;
             let part = engine.multipart_part_begin(&caller, &input.upload_id, n).map_err(|e| map_err(e, Missing::Upload))?;
             let staged = Staged { engine: engine.clone(), caller: caller.clone(), ino: part.ino, armed: true };
-            let etag = hex::encode(copy_data(&engine, &caller, src.ino, start, end, part.ino)?);
+            let etag = hex::encode(copy_data(&engine, &reader, &caller, src.ino, start, end, part.ino)?);
             let p = engine
                 .multipart_part_finish(&caller, &input.upload_id, n, part.ino, etag.clone().into_bytes())
                 .map_err(|e| map_err(e, Missing::Upload))?;
