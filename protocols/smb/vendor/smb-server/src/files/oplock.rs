@@ -8,6 +8,7 @@
 //! and writes, LEVEL_II reads; a break from BATCH or EXCLUSIVE needs the
 //! client's acknowledgment, a break of LEVEL_II does not.
 
+use crate::access_mask::{FILE_READ_ATTRIBUTES, FILE_WRITE_ATTRIBUTES, SYNCHRONIZE};
 use crate::proto::header::{Command, HeaderTail, SMB2_FLAGS_SERVER_TO_REDIR, Smb2Header};
 use crate::proto::messages::{FileId, OplockBreakNotification, OplockLevel};
 
@@ -65,6 +66,14 @@ impl Oplock {
     }
 }
 
+/// True for an open whose access is limited to reading and writing
+/// attributes and SYNCHRONIZE: it breaks no oplock. Unlike for leases, an
+/// open that may read the security descriptor is not one (Windows and
+/// Samba agree; smbtorture's `oplock.statopen1`).
+pub(crate) fn oplock_stat_only(access: u32) -> bool {
+    access & !(FILE_READ_ATTRIBUTES | FILE_WRITE_ATTRIBUTES | SYNCHRONIZE) == 0
+}
+
 /// EXCLUSIVE or BATCH.
 pub(crate) fn is_exclusive(level: OplockLevel) -> bool {
     matches!(level, OplockLevel::Exclusive | OplockLevel::Batch)
@@ -100,14 +109,14 @@ pub(crate) struct OplockFile {
 /// The oplock a CREATE gets (MS-SMB2 3.3.5.9, MS-FSA 2.1.5.17): EXCLUSIVE
 /// or BATCH when asked for and no other open or lease shares the file;
 /// otherwise LEVEL_II, when no other open caches writes and no byte-range
-/// lock is held; otherwise NONE. An attribute-only open that does not
-/// overwrite the file gets none, as it breaks none.
+/// lock is held; otherwise NONE. `refused` gets none: an attribute-only
+/// open beside other opens, which breaks none of their oplocks.
 pub(crate) fn grant_oplock(
     requested: OplockLevel,
-    stat_only: bool,
+    refused: bool,
     file: &OplockFile,
 ) -> OplockLevel {
-    if matches!(requested, OplockLevel::None | OplockLevel::Lease) || stat_only {
+    if matches!(requested, OplockLevel::None | OplockLevel::Lease) || refused {
         return OplockLevel::None;
     }
     if is_exclusive(requested) && !file.other_opens && !file.other_lease && !file.other_exclusive {
@@ -179,9 +188,13 @@ pub(crate) enum AckOutcome {
 /// level notified when a break is in progress, acknowledged with `acked`.
 /// A level outside NONE and II, or anything but NONE for LEVEL_II, is
 /// STATUS_INVALID_OPLOCK_PROTOCOL (a lease level STATUS_INVALID_PARAMETER);
-/// during a break that also ends it at NONE. An acknowledgment with no break
-/// in progress is STATUS_INVALID_DEVICE_STATE. A break to NONE completes at
-/// NONE whatever level the client acknowledges.
+/// during a break that also ends it at NONE. An acknowledgment for an open
+/// holding no oplock is STATUS_INVALID_OPLOCK_PROTOCOL too, as the object
+/// store answers when the file has no oplock (MS-FSA 2.1.5.18.3; a client
+/// acknowledging a break of LEVEL_II, which needs none, gets it: smbtorture
+/// `oplock.levelii500`); one for an oplock with no break in progress is
+/// STATUS_INVALID_DEVICE_STATE. A break to NONE completes at NONE whatever
+/// level the client acknowledges.
 pub(crate) fn acknowledge(
     level: OplockLevel,
     breaking_to: Option<OplockLevel>,
@@ -201,7 +214,7 @@ pub(crate) fn acknowledge(
             matches!(acked, Some(OplockLevel::None | OplockLevel::Ii))
         }
         OplockLevel::Ii => acked == Some(OplockLevel::None),
-        _ => true,
+        OplockLevel::None | OplockLevel::Lease => false,
     };
     if !fits {
         return refuse(crate::ntstatus::STATUS_INVALID_OPLOCK_PROTOCOL);
@@ -373,7 +386,7 @@ mod tests {
         let state = ntstatus::STATUS_INVALID_DEVICE_STATE;
         assert_eq!(acknowledge(Batch, None, 1), refused(state, false));
         assert_eq!(acknowledge(Ii, None, 0), refused(state, false));
-        assert_eq!(acknowledge(NoOplock, None, 0), refused(state, false));
+        assert_eq!(acknowledge(NoOplock, None, 0), refused(invalid, false));
     }
 
     #[test]
@@ -387,6 +400,14 @@ mod tests {
         let n = OplockBreakNotification::parse(body).unwrap();
         assert_eq!(n, oplock_body(FileId::new(7, 9), Ii));
         assert_eq!(body.len(), usize::from(OPLOCK_BREAK_SIZE));
+    }
+
+    #[test]
+    fn stat_opens_for_oplocks() {
+        assert!(oplock_stat_only(FILE_READ_ATTRIBUTES | SYNCHRONIZE));
+        assert!(oplock_stat_only(FILE_WRITE_ATTRIBUTES));
+        assert!(!oplock_stat_only(crate::access_mask::READ_CONTROL));
+        assert!(!oplock_stat_only(crate::access_mask::DELETE));
     }
 
     #[test]

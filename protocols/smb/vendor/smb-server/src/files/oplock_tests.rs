@@ -180,11 +180,12 @@ fn writes_break_every_level_ii_to_none_without_an_acknowledgment() {
     assert_eq!((level(&n), n.file_id), (NoOplock, FileId::new(1, 1)));
     let n = oplock_break(&second_rx.try_recv().expect("other break"));
     assert_eq!((level(&n), n.file_id), (NoOplock, FileId::new(1, 2)));
-    // Nothing to acknowledge, and nothing left to break.
+    // Nothing to acknowledge: the open holds no oplock any more.
     assert_eq!(
         b.acknowledge_oplock(0).err(),
-        Some(ntstatus::STATUS_INVALID_DEVICE_STATE)
+        Some(ntstatus::STATUS_INVALID_OPLOCK_PROTOCOL)
     );
+    // Nothing left to break.
     b.break_leases(Trigger::Write);
     assert!(first_rx.try_recv().is_none());
     assert!(second_rx.try_recv().is_none());
@@ -242,6 +243,9 @@ fn attribute_only_opens_break_nothing_and_get_no_oplock() {
     assert!(wait.is_none());
     assert!(rx.try_recv().is_none());
     assert_eq!(b.grant_oplock(Batch, FileId::new(1, 2), false).0, NoOplock);
+    // Alone on a file, it gets what it asks for.
+    let (c, _) = register(&share(), &holder, stat, None).unwrap();
+    assert_eq!(c.grant_oplock(Batch, FileId::new(1, 3), false).0, Batch);
     // One that overwrites the file breaks, to none.
     let (_c, wait) = register(
         &s,
@@ -330,9 +334,9 @@ async fn an_unacknowledged_break_times_out_to_none() {
     assert!(waited >= Duration::from_millis(200), "{waited:?}");
     assert!(waited < Duration::from_secs(1), "{waited:?}");
     assert_eq!(
-        a.acknowledge_oplock(1).err(),
-        Some(ntstatus::STATUS_INVALID_DEVICE_STATE),
-        "the break is over"
+        a.acknowledge_oplock(0).err(),
+        Some(ntstatus::STATUS_INVALID_OPLOCK_PROTOCOL),
+        "the break is over, and the oplock with it"
     );
 }
 

@@ -35,7 +35,7 @@ use super::leases::{
 };
 use super::oplock::{
     AckOutcome, Oplock, OplockBreaking, OplockFile, acknowledge, grant_oplock, is_exclusive, lower,
-    oplock_break_to, oplock_notification,
+    oplock_break_to, oplock_notification, oplock_stat_only,
 };
 use super::watch::Change;
 
@@ -544,6 +544,19 @@ impl FileState {
         actor: Option<u64>,
     ) -> (Notices, bool) {
         let mut notices = Notices::default();
+        let oplocks = self.break_oplocks(trigger, actor, &mut notices);
+        let leases = self.break_leases(trigger, exempt, &mut notices);
+        (notices, oplocks || leases)
+    }
+
+    /// The oplock half of [`FileState::break_for`]: returns whether the
+    /// operation waits.
+    fn break_oplocks(
+        &mut self,
+        trigger: Trigger,
+        actor: Option<u64>,
+        notices: &mut Notices,
+    ) -> bool {
         let mut wait = false;
         for at in 0..self.opens.len() {
             let entry = &mut self.opens[at];
@@ -557,9 +570,21 @@ impl FileState {
             wait |= to.wait;
             match &mut oplock.breaking {
                 Some(breaking) => breaking.required = lower(breaking.required, to.to),
-                None => self.start_oplock_break(at, to.to, &mut notices),
+                None => self.start_oplock_break(at, to.to, notices),
             }
         }
+        wait
+    }
+
+    /// The lease half of [`FileState::break_for`]: returns whether the
+    /// operation waits.
+    fn break_leases(
+        &mut self,
+        trigger: Trigger,
+        exempt: Option<LeaseId>,
+        notices: &mut Notices,
+    ) -> bool {
+        let mut wait = false;
         for at in 0..self.leases.len() {
             let lease = &mut self.leases[at];
             if Some(lease.id) == exempt {
@@ -571,10 +596,10 @@ impl FileState {
             wait |= to.wait;
             match &mut lease.breaking {
                 Some(breaking) => breaking.required = breaking.required.and(to.to),
-                None => self.start_break(at, to.to, &mut notices),
+                None => self.start_break(at, to.to, notices),
             }
         }
-        (notices, wait)
+        wait
     }
 
     /// Breaks the lease at `at` to `to`. A read lease drops at once; one
@@ -1091,19 +1116,23 @@ impl FileRef {
             oplock: None,
         });
         // An attribute-only open breaks nothing unless it overwrites the
-        // file (MS-FSA 2.1.4.12, OPEN).
-        let (notices, wait) = if stat_only(req.sharing.access) && !req.overwrite {
-            (Notices::default(), None)
-        } else {
-            let trigger = Trigger::Open {
-                overwrite: req.overwrite,
-            };
-            let (notices, waits) = state.break_for(trigger, req.lease, Some(id));
-            if waits && let Some(entry) = state.opens.last_mut() {
-                entry.waiting = true;
-            }
-            (notices, waits.then(|| state.wait()))
+        // file (MS-FSA 2.1.4.12, OPEN). Reading the security descriptor
+        // counts as attribute-only for leases, not for oplocks.
+        let trigger = Trigger::Open {
+            overwrite: req.overwrite,
         };
+        let mut notices = Notices::default();
+        let mut waits = false;
+        if req.overwrite || !oplock_stat_only(req.sharing.access) {
+            waits |= state.break_oplocks(trigger, Some(id), &mut notices);
+        }
+        if req.overwrite || !stat_only(req.sharing.access) {
+            waits |= state.break_leases(trigger, req.lease, &mut notices);
+        }
+        if waits && let Some(entry) = state.opens.last_mut() {
+            entry.waiting = true;
+        }
+        let wait = waits.then(|| state.wait());
         drop(state);
         drop(files);
         drop(notices);
@@ -1237,10 +1266,13 @@ impl FileRef {
         let Some(entry) = state.entry(self.id) else {
             return (OplockLevel::None, None);
         };
-        let attribute_only = stat_only(entry.sharing.access) && !overwrite;
         let others = || state.opens.iter().filter(|e| e.id != self.id);
+        // An attribute-only open, which breaks nothing, gets no oplock
+        // beside other opens; alone on the file it gets what it asks for.
+        let attribute_only =
+            oplock_stat_only(entry.sharing.access) && !overwrite && others().next().is_some();
         let file = OplockFile {
-            other_opens: others().any(|e| !stat_only(e.sharing.access)),
+            other_opens: others().any(|e| !oplock_stat_only(e.sharing.access)),
             other_exclusive: others().any(|e| e.oplock.as_ref().is_some_and(Oplock::exclusive)),
             other_lease: state.leases.iter().any(|l| l.state != LeaseState::NONE),
             other_lease_write: state.leases.iter().any(|l| l.state.contains(LeaseState::W)),
