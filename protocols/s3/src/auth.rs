@@ -266,7 +266,7 @@ struct Asked {
 }
 
 /// The bucket owner as a caller with a user's permissions (never an administrator's).
-fn owner_caller(engine: &Engine, b: &storage_engine::Attr) -> Caller {
+pub(crate) fn owner_caller(engine: &Engine, b: &storage_engine::Attr) -> Caller {
     engine.caller_for_uid(b.uid, b.gid, &[]).unwrap_or_else(|_| Caller { user: format!("uid:{}", b.uid), uid: b.uid, gid: b.gid, groups: vec![], role: Role::User })
 }
 

@@ -16,6 +16,7 @@
 mod auth;
 mod error;
 mod keys;
+mod lifecycle;
 pub mod meta;
 mod policy;
 mod server;
@@ -23,6 +24,7 @@ mod service;
 
 pub use keys::KEY_BYTES_MAX;
 pub use meta::{TAG_KEY_BYTES_MAX, TAG_VALUE_BYTES_MAX, TAGS_MAX};
+pub use lifecycle::{LIFECYCLE_RULES_MAX, lifecycle_pass};
 pub use policy::POLICY_BYTES_MAX;
 pub use server::{CONNECTIONS_MAX, SHUTDOWN_GRACE_MS, serve};
 pub use service::{LIST_KEYS_DEFAULT, PART_BYTES_MIN, PUT_CHUNK_BYTES, READ_PIECE_BYTES_MAX};

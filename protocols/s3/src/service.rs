@@ -18,6 +18,7 @@ use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ROOT_INO, Stability};
 
 use crate::auth::{PerKeyPolicy, PolicyGrant, SourceGrant, caller_of};
+use crate::lifecycle;
 use crate::policy::Policy;
 use crate::error::{Missing, internal, map_err};
 use crate::keys::{KeyForm, object_key, parse_key};
@@ -222,7 +223,7 @@ fn dirs_of(key: &str) -> Vec<&str> {
 }
 
 /// Deletes one key; deleting what does not exist succeeds, as in S3.
-fn delete_key(engine: &Engine, caller: &Caller, bucket: Ino, key: &str) -> S3Result<()> {
+pub(crate) fn delete_key(engine: &Engine, caller: &Caller, bucket: Ino, key: &str) -> S3Result<()> {
     match parse_key(key)? {
         KeyForm::Dir(path) => {
             let comps: Vec<&str> = path.split('/').collect();
@@ -1218,6 +1219,63 @@ impl S3 for AquiferS3 {
         })
         .await?;
         Ok(S3Response::new(DeleteBucketPolicyOutput::default()))
+    }
+
+    async fn get_bucket_lifecycle_configuration(
+        &self,
+        req: S3Request<GetBucketLifecycleConfigurationInput>,
+    ) -> S3Result<S3Response<GetBucketLifecycleConfigurationOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let bucket = req.input.bucket;
+        let cfg = blocking(move || {
+            let b = owned_bucket(&engine, &caller, &bucket, "lifecycle configuration")?;
+            match engine.getxattr(&Caller::system(), b.ino, XATTR_LIFECYCLE) {
+                Ok(v) => lifecycle::decode(&v).ok_or_else(|| internal("stored lifecycle configuration does not parse")),
+                Err(Error::NotFound) => Err(err(S3ErrorCode::NoSuchLifecycleConfiguration, "The lifecycle configuration does not exist")),
+                Err(e) => Err(map_err(e, Missing::Bucket)),
+            }
+        })
+        .await?;
+        Ok(S3Response::new(GetBucketLifecycleConfigurationOutput { rules: Some(cfg.rules), ..Default::default() }))
+    }
+
+    /// Checks the configuration as S3 does (see `lifecycle::check`) and stores it; a refused
+    /// one changes nothing.
+    async fn put_bucket_lifecycle_configuration(
+        &self,
+        req: S3Request<PutBucketLifecycleConfigurationInput>,
+    ) -> S3Result<S3Response<PutBucketLifecycleConfigurationOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        let mut cfg = input.lifecycle_configuration.ok_or_else(|| err(S3ErrorCode::MalformedXML, "the request has no LifecycleConfiguration"))?;
+        lifecycle::check(&mut cfg)?;
+        let doc = lifecycle::encode(&cfg);
+        if doc.len() > storage_engine::XATTR_VALUE_BYTES_MAX {
+            return Err(err(S3ErrorCode::InvalidArgument, "the lifecycle configuration is too large to store"));
+        }
+        blocking(move || {
+            let b = owned_bucket(&engine, &caller, &input.bucket, "lifecycle configuration")?;
+            engine.setxattr(&Caller::system(), b.ino, XATTR_LIFECYCLE, &doc).map_err(|e| map_err(e, Missing::Bucket))
+        })
+        .await?;
+        Ok(S3Response::new(PutBucketLifecycleConfigurationOutput::default()))
+    }
+
+    async fn delete_bucket_lifecycle(&self, req: S3Request<DeleteBucketLifecycleInput>) -> S3Result<S3Response<DeleteBucketLifecycleOutput>> {
+        let engine = self.engine.clone();
+        let caller = self.caller(&req)?;
+        let bucket = req.input.bucket;
+        blocking(move || {
+            let b = owned_bucket(&engine, &caller, &bucket, "lifecycle configuration")?;
+            match engine.removexattr(&Caller::system(), b.ino, XATTR_LIFECYCLE) {
+                Ok(()) | Err(Error::NotFound) => Ok(()),
+                Err(e) => Err(map_err(e, Missing::Bucket)),
+            }
+        })
+        .await?;
+        Ok(S3Response::new(DeleteBucketLifecycleOutput::default()))
     }
 
     async fn get_object_acl(&self, req: S3Request<GetObjectAclInput>) -> S3Result<S3Response<GetObjectAclOutput>> {
