@@ -94,7 +94,8 @@ pub(crate) fn lower(a: OplockLevel, b: OplockLevel) -> OplockLevel {
 /// field leaves out the requesting open itself.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct OplockFile {
-    /// Another open that is not attribute-only.
+    /// Another open that is not attribute-only, or that holds an oplock
+    /// (an attribute-only open that created the file may).
     pub other_opens: bool,
     /// Another open holding EXCLUSIVE or BATCH, or breaking from it.
     pub other_exclusive: bool,

@@ -243,9 +243,19 @@ fn attribute_only_opens_break_nothing_and_get_no_oplock() {
     assert!(wait.is_none());
     assert!(rx.try_recv().is_none());
     assert_eq!(b.grant_oplock(Batch, FileId::new(1, 2), false).0, NoOplock);
-    // Alone on a file, it gets what it asks for.
-    let (c, _) = register(&share(), &holder, stat, None).unwrap();
+    // Alone on a file, it gets what it asks for, and its oplock then keeps
+    // others to level II.
+    let alone = share();
+    let (creator, mut creator_rx) = connection();
+    let (c, _) = register(&alone, &creator, stat, None).unwrap();
     assert_eq!(c.grant_oplock(Batch, FileId::new(1, 3), false).0, Batch);
+    let (d, _) = register(&alone, &creator, PLAIN, None).unwrap();
+    assert_eq!(level(&oplock_break(&creator_rx.try_recv().unwrap())), Ii);
+    c.acknowledge_oplock(1).unwrap();
+    assert!(matches!(d.end_wait(), Ok(None)));
+    drop(d);
+    let (e, _) = register(&alone, &creator, PLAIN, None).unwrap();
+    assert_eq!(e.grant_oplock(Batch, FileId::new(1, 5), false).0, Ii);
     // One that overwrites the file breaks, to none.
     let (_c, wait) = register(
         &s,

@@ -852,6 +852,22 @@ impl FileTable {
         self.renames.read().await
     }
 
+    /// True if the directory named `dir` has an open with DELETE access.
+    /// Windows and Samba refuse to rename an entry into such a directory
+    /// with STATUS_SHARING_VIOLATION (smbtorture `oplock.exclusive6`,
+    /// `oplock.batch19`).
+    pub(crate) fn directory_open_for_delete(&self, dir: &SmbPath, case_sensitive: bool) -> bool {
+        self.files().values().any(|node| {
+            let state = node.state();
+            state.is_directory
+                && state.opens.iter().any(|e| {
+                    !e.waiting
+                        && e.sharing.access & DELETE != 0
+                        && same_path(&e.path, dir, case_sensitive)
+                })
+        })
+    }
+
     /// True if an open on the share currently has `path` as its name.
     pub(crate) fn path_is_open(&self, path: &SmbPath, case_sensitive: bool) -> bool {
         self.files().values().any(|node| {
@@ -1272,7 +1288,12 @@ impl FileRef {
         let attribute_only =
             oplock_stat_only(entry.sharing.access) && !overwrite && others().next().is_some();
         let file = OplockFile {
-            other_opens: others().any(|e| !oplock_stat_only(e.sharing.access)),
+            other_opens: others().any(|e| {
+                !oplock_stat_only(e.sharing.access)
+                    || e.oplock
+                        .as_ref()
+                        .is_some_and(|o| o.level != OplockLevel::None)
+            }),
             other_exclusive: others().any(|e| e.oplock.as_ref().is_some_and(Oplock::exclusive)),
             other_lease: state.leases.iter().any(|l| l.state != LeaseState::NONE),
             other_lease_write: state.leases.iter().any(|l| l.state.contains(LeaseState::W)),
@@ -1969,6 +1990,29 @@ mod tests {
             b.check_io(5, 10, true),
             Err(ntstatus::STATUS_FILE_LOCK_CONFLICT)
         );
+    }
+
+    #[test]
+    fn a_directory_open_for_delete_is_found_by_name() {
+        let s = share();
+        let mut dir = info(3);
+        dir.is_directory = true;
+        let open_dir = |access| {
+            FileRef::register(&s, &dir, &p("d"), Sharing { access, share: ALL }.into())
+                .map(|(file, _)| file)
+                .unwrap()
+        };
+        let reader = open_dir(FILE_READ_DATA);
+        assert!(!s.files.directory_open_for_delete(&p("d"), true));
+        let deleter = open_dir(DELETE);
+        assert!(s.files.directory_open_for_delete(&p("d"), true));
+        assert!(!s.files.directory_open_for_delete(&p("e"), true));
+        drop(deleter);
+        assert!(!s.files.directory_open_for_delete(&p("d"), true));
+        drop(reader);
+        // A file open for delete is no directory.
+        let _file = open(&s, "d", DELETE, ALL).unwrap();
+        assert!(!s.files.directory_open_for_delete(&p("d"), true));
     }
 
     #[test]

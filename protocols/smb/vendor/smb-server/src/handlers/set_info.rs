@@ -417,6 +417,14 @@ async fn rename_attempt(
     if from.is_root() {
         return Renamed::Done(Err(ntstatus::STATUS_ACCESS_DENIED));
     }
+    // Aquifer patch: an entry is not renamed into a directory that another
+    // open may delete, as Windows and Samba refuse.
+    if to
+        .parent()
+        .is_some_and(|dir| share.files.directory_open_for_delete(&dir, case_sensitive))
+    {
+        return Renamed::Done(Err(ntstatus::STATUS_SHARING_VIOLATION));
+    }
     if is_directory && share.files.open_below(&from, case_sensitive) {
         let start = stage == Stage::Start;
         if let Some(wait) = share
