@@ -1780,7 +1780,7 @@ impl Engine {
             let flush_here = loop {
                 let fb = {
                     let mut map = self.buffers.lock();
-                    map.entry(ino).or_insert_with(|| Arc::new(FileBuf::new(rec.size))).clone()
+                    map.entry(ino).or_insert_with(|| Arc::new(FileBuf::new(rec.size, self.stripe_bytes(ino)))).clone()
                 };
                 let mut b = fb.state.lock();
                 if b.detached {
@@ -1866,11 +1866,15 @@ impl Engine {
         self.write_taken(ino, &fb, &mut b, segs, false)
     }
 
+    /// Data bytes of a full stripe of `ino`'s pool.
+    fn stripe_bytes(&self, ino: Ino) -> usize {
+        self.data.pools[self.pool_of(ino) as usize].stripe_data_max() as usize
+    }
+
     /// Whole stripes from the front of each long segment; with none (many small scattered
     /// writes), everything.
     fn take_for_flush(&self, ino: Ino, b: &mut WriteBuffer) -> Vec<(u64, Vec<u8>)> {
-        let stripe = self.data.pools[self.pool_of(ino) as usize].stripe_data_max();
-        let segs = b.take_full(stripe as usize);
+        let segs = b.take_full(self.stripe_bytes(ino));
         if segs.is_empty() { b.take_all() } else { segs }
     }
 

@@ -28,9 +28,9 @@ pub(crate) struct FileBuf {
 }
 
 impl FileBuf {
-    pub fn new(size: u64) -> FileBuf {
+    pub fn new(size: u64, chunk: usize) -> FileBuf {
         FileBuf {
-            state: parking_lot::Mutex::new(WriteBuffer::new(size)),
+            state: parking_lot::Mutex::new(WriteBuffer::with_chunk(size, chunk)),
             flushing: parking_lot::Mutex::new(()),
             room: parking_lot::Condvar::new(),
             commit: parking_lot::RwLock::new(()),
@@ -39,9 +39,15 @@ impl FileBuf {
 }
 
 pub(crate) struct WriteBuffer {
-    /// Non-overlapping, non-adjacent segments: offset → bytes.
+    /// Non-overlapping segments: offset → bytes. Adjacent only where a sequential writer filled
+    /// one to `chunk` bytes and went on in the next.
     segs: BTreeMap<u64, Vec<u8>>,
     bytes: usize,
+    /// Most bytes a sequential writer's segment grows to before the next one starts (0: no
+    /// limit). The stripe size: a full segment is one stripe, written without splitting, and
+    /// its allocation stays below the allocator's mmap threshold, so it is reused instead of
+    /// being mapped, faulted in and unmapped for every stripe.
+    chunk: usize,
     /// Segments a running flush took and has not committed yet; older than every `segs` byte.
     in_flight: Vec<Segment>,
     /// A background flush of this file is queued or running.
@@ -59,9 +65,14 @@ pub(crate) struct WriteBuffer {
 
 impl WriteBuffer {
     pub fn new(size: u64) -> WriteBuffer {
+        WriteBuffer::with_chunk(size, 0)
+    }
+
+    pub fn with_chunk(size: u64, chunk: usize) -> WriteBuffer {
         WriteBuffer {
             segs: BTreeMap::new(),
             bytes: 0,
+            chunk,
             in_flight: Vec::new(),
             flush_pending: false,
             flush_error: None,
@@ -103,11 +114,26 @@ impl WriteBuffer {
             return;
         }
         let end = off + data.len() as u64;
-        // Fast path for sequential writers: append to the segment ending exactly here.
+        // Fast path for sequential writers: append to the segment ending exactly here, and
+        // past `chunk` bytes start the next one.
         let prev = self.segs.range(..off).next_back().map(|(o, d)| (*o, *o + d.len() as u64));
         if let Some((o, prev_end)) = prev {
             if prev_end == off && !self.segs_after_touch(off, end) {
-                self.segs.get_mut(&o).expect("segment exists").extend_from_slice(data);
+                let chunk = if self.chunk == 0 { usize::MAX } else { self.chunk };
+                let seg = self.segs.get_mut(&o).expect("segment exists");
+                let n = chunk.saturating_sub(seg.len()).min(data.len());
+                if n > 0 && seg.capacity() - seg.len() < n && chunk != usize::MAX {
+                    // Grow once, to the chunk, instead of doubling through several copies.
+                    seg.reserve_exact(chunk - seg.len());
+                }
+                seg.extend_from_slice(&data[..n]);
+                let mut at = off + n as u64;
+                for piece in data[n..].chunks(chunk) {
+                    let mut d = Vec::with_capacity(chunk);
+                    d.extend_from_slice(piece);
+                    self.segs.insert(at, d);
+                    at += piece.len() as u64;
+                }
                 self.bytes += data.len();
                 self.size = self.size.max(end);
                 self.mtime_ns = self.mtime_ns.max(now);
@@ -233,6 +259,26 @@ mod tests {
         b.overlay(0, &mut out);
         assert_eq!(&out, b"..XY....");
         assert_eq!(b.end(), 4);
+    }
+
+    #[test]
+    fn sequential_writes_fill_chunks_that_are_taken_whole() {
+        let mut b = WriteBuffer::with_chunk(0, 8);
+        b.insert(0, b"abc", 1);
+        b.insert(3, b"defgh", 1); // fills the first chunk exactly
+        b.insert(8, b"ijklmnopqrstu", 1); // the next chunk, and part of a third
+        assert_eq!(b.bytes(), 21);
+        let mut out = vec![b'.'; 22];
+        b.overlay(0, &mut out);
+        assert_eq!(&out, b"abcdefghijklmnopqrstu.");
+        let full = b.take_full(8);
+        assert_eq!(full, vec![(0, b"abcdefgh".to_vec()), (8, b"ijklmnop".to_vec())]);
+        assert_eq!(b.take_all(), vec![(16, b"qrstu".to_vec())]);
+        // A write across two adjacent chunks merges them.
+        let mut b = WriteBuffer::with_chunk(0, 4);
+        b.insert(0, b"01234567", 1);
+        b.insert(2, b"xxxx", 2);
+        assert_eq!(b.take_all(), vec![(0, b"01xxxx67".to_vec())]);
     }
 
     #[test]
