@@ -432,4 +432,12 @@ mod tests {
         let e = check_presigned_expiry(Some("a=b&X-Amz-Expires=604801")).unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::AuthorizationQueryParametersError);
     }
+
+    #[test]
+    fn copy_sources_are_decoded_for_policies() {
+        assert_eq!(copy_source_of("src/public/foo"), Some(("src".into(), "public/foo".into())));
+        assert_eq!(copy_source_of("/src/a%20b?versionId=null"), Some(("src".into(), "a b".into())));
+        assert_eq!(copy_source_of("src"), None);
+        assert_eq!(copy_source_of("/src/"), None);
+    }
 }

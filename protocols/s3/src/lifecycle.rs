@@ -349,12 +349,20 @@ fn bucket_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, rules: 
     done
 }
 
-/// The background task: a pass every [`SCAN_INTERVAL_SECS`] until the listener shuts down.
-pub(crate) async fn run(engine: Arc<Engine>) {
+/// The background task: a pass every [`SCAN_INTERVAL_SECS`] until `stop` turns true (or
+/// its sender goes away). A pass in progress is finished first: each deletion is atomic,
+/// but the caller waits for this task so that the engine is not used after shutdown.
+pub(crate) async fn run(engine: Arc<Engine>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(SCAN_INTERVAL_SECS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            r = stop.wait_for(|s| *s) => {
+                let _ = r;
+                return;
+            }
+        }
         let e = engine.clone();
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         match tokio::task::spawn_blocking(move || lifecycle_pass(&e, now)).await {

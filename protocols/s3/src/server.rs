@@ -105,7 +105,8 @@ pub async fn serve(
         RequestIds { inner: b.build(), peer: None }
     };
     // Lifecycle rules are carried out by the S3 listener's own task, which ends with it.
-    let lifecycle = tokio::spawn(crate::lifecycle::run(engine.clone()));
+    let (lifecycle_stop, stopped) = tokio::sync::watch::channel(false);
+    let lifecycle = tokio::spawn(crate::lifecycle::run(engine.clone(), stopped));
     let mut conn = ConnBuilder::new(TokioExecutor::new());
     conn.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_millis(HEADER_READ_TIMEOUT_MS));
     let graceful = GracefulShutdown::new();
@@ -139,7 +140,12 @@ pub async fn serve(
         });
     }
     drop(listener);
-    lifecycle.abort();
+    // Wait for the task (and a pass in progress) to end, so that no reference to the engine
+    // outlives this function.
+    let _ = lifecycle_stop.send(true);
+    if let Err(e) = lifecycle.await {
+        tracing::error!(error = %e, "lifecycle task failed");
+    }
     if tokio::time::timeout(Duration::from_millis(SHUTDOWN_GRACE_MS), graceful.shutdown()).await.is_err() {
         tracing::warn!("S3 requests still in flight after the shutdown grace period; closing them");
     }
