@@ -1,3 +1,5 @@
+//! Aquifer patch: upstream granted no oplocks.
+//!
 //! Classic SMB2 oplocks of one open (MS-SMB2 3.3.1.10 Open.OplockLevel and
 //! Open.OplockState, 3.3.4.6, 3.3.5.9, 3.3.5.22.1; MS-FSA 2.1.4.12,
 //! 2.1.5.17). Plain rules and data: the file table builds the inputs and

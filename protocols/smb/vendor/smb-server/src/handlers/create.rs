@@ -961,9 +961,10 @@ async fn attempt(
         None => tree.alloc_file_id(),
     };
     let (durable, durability) = durable.unzip();
-    // The oplock is granted once the open has its FileId, which a break
-    // notification names, and under the tree lock, so no break reaches
-    // the client before the open exists for it.
+    // Aquifer patch: classic oplocks (upstream answered NONE to every
+    // request). The oplock is granted once the open has its FileId, which
+    // a break notification names, and under the tree lock, so no break
+    // reaches the client before the open exists for it.
     let (oplock_level, oplock_guard) = if granted.is_some() {
         (OplockLevel::Lease, None)
     } else if info.is_directory {

@@ -62,8 +62,9 @@ pub async fn handle(
                 Err(status) => HandlerResponse::err(status),
             }
         }
-        // MS-SMB2 3.3.5.22.1. A 36-byte body on SMB 2.0.2, which has no
-        // leases, is read as an oplock acknowledgment.
+        // MS-SMB2 3.3.5.22.1 (Aquifer patch: upstream granted no oplocks
+        // and refused every acknowledgment). A 36-byte body on SMB 2.0.2,
+        // which has no leases, is read as an oplock acknowledgment.
         Some(OPLOCK_ACK_SIZE | LEASE_ACK_SIZE) => {
             let Ok(ack) = OplockBreakAck::parse(body) else {
                 return HandlerResponse::err(ntstatus::STATUS_INVALID_PARAMETER);
