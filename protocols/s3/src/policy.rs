@@ -500,19 +500,11 @@ impl Condition {
             SetOp::Single | SetOp::ForAnyValue => {
                 // Positive operators: some request value matches some policy value.
                 // Negated operators: no request value matches any policy value.
-                if self.op.negated() {
-                    let mut any = false;
-                    for a in actual {
-                        any |= self.values_match(a)?;
-                    }
-                    Some(!any)
-                } else {
-                    let mut any = false;
-                    for a in actual {
-                        any |= self.values_match(a)?;
-                    }
-                    Some(any)
+                let mut any = false;
+                for a in actual {
+                    any |= self.values_match(a)?;
                 }
+                Some(any != self.op.negated())
             }
             SetOp::ForAllValues => {
                 let mut all = true;
