@@ -1764,6 +1764,33 @@ impl Engine {
         if let Some(done) = self.remote_mutation(&[ino], Mutation::Write { caller, ino, offset, data, stability })? {
             return done.ok_or_else(|| Error::Io("portal write returned no attributes".into()));
         }
+        let rec = self.load_for_write(caller, ino, offset, data.len())?;
+        if !data.is_empty() {
+            self.buffer_write(ino, &rec, offset, data, true)?;
+        }
+        if stability == Stability::Durable {
+            self.commit(caller, ino)?;
+        }
+        self.getattr(caller, ino)
+    }
+
+    /// An unstable write that only adds to the file's write buffer, for callers on an event
+    /// loop: `Ok(false)`, with nothing written, when the write would have to wait (for room in
+    /// the buffer, a flush, or a portal's hub) and must go through `write` on a thread that
+    /// may block. Errors are `write`'s.
+    pub fn try_write_buffered(&self, caller: &Caller, ino: Ino, offset: u64, data: &[u8]) -> Result<bool> {
+        if !caller.is_portal() && self.has_stubs.load(Ordering::Relaxed) && self.remote_stub(ino)?.is_some() {
+            return Ok(false);
+        }
+        let rec = self.load_for_write(caller, ino, offset, data.len())?;
+        if data.is_empty() {
+            return Ok(true);
+        }
+        self.buffer_write(ino, &rec, offset, data, false)
+    }
+
+    /// The file `write` may write `len` bytes at `offset` to.
+    fn load_for_write(&self, caller: &Caller, ino: Ino, offset: u64, len: usize) -> Result<InodeRec> {
         let rec = self.load(ino)?;
         match rec.kind {
             FileKind::File => {}
@@ -1772,57 +1799,68 @@ impl Engine {
             k => return Err(Error::InvalidArgument(format!("write to a special file ({k:?})"))),
         }
         check(caller, &rec, W)?;
-        if offset.checked_add(data.len() as u64).is_none_or(|e| e > FILE_BYTES_MAX) {
+        if offset.checked_add(len as u64).is_none_or(|e| e > FILE_BYTES_MAX) {
             return Err(Error::FileTooLarge);
         }
-        if !data.is_empty() {
-            let max = self.cfg.write_buffer_bytes_max;
-            let flush_here = loop {
-                let fb = {
-                    let mut map = self.buffers.lock();
-                    map.entry(ino).or_insert_with(|| Arc::new(FileBuf::new(rec.size, self.stripe_bytes(ino)))).clone()
-                };
-                let mut b = fb.state.lock();
-                if b.detached {
-                    // A flush emptied and dropped this buffer after we looked it up.
-                    continue;
-                }
-                if let Some(msg) = &b.flush_error {
-                    // Kept for the next flush (commit, close), which must report it too.
-                    return Err(Error::Io(format!("an earlier write-out of this file failed: {msg}")));
-                }
-                if b.is_empty() {
-                    // Nothing buffered: the committed size is the base (a flush or a truncation
-                    // may have happened since the buffer, or `rec`, was made).
-                    b.size = self.load(ino)?.size;
-                }
-                b.insert(offset, data, self.now());
-                if b.bytes() < max {
-                    break false;
-                }
-                if self.cfg.write_flush_threads == 0 {
+        Ok(rec)
+    }
+
+    /// Adds `data` to the file's write buffer and has full stripes written out. With
+    /// `may_wait` false it returns `Ok(false)` instead of waiting, before adding anything.
+    fn buffer_write(&self, ino: Ino, rec: &InodeRec, offset: u64, data: &[u8], may_wait: bool) -> Result<bool> {
+        let max = self.cfg.write_buffer_bytes_max;
+        let flush_here = loop {
+            let fb = {
+                let mut map = self.buffers.lock();
+                map.entry(ino).or_insert_with(|| Arc::new(FileBuf::new(rec.size, self.stripe_bytes(ino)))).clone()
+            };
+            let mut b = match may_wait {
+                true => fb.state.lock(),
+                false => match fb.state.try_lock() {
+                    Some(b) => b,
+                    None => return Ok(false), // a reader or a flush taking its bytes holds it
+                },
+            };
+            if b.detached {
+                // A flush emptied and dropped this buffer after we looked it up.
+                continue;
+            }
+            if let Some(msg) = &b.flush_error {
+                // Kept for the next flush (commit, close), which must report it too.
+                return Err(Error::Io(format!("an earlier write-out of this file failed: {msg}")));
+            }
+            let after = b.bytes() + data.len();
+            if !may_wait && after >= max && (self.cfg.write_flush_threads == 0 || (b.flush_pending && after >= 2 * max)) {
+                return Ok(false);
+            }
+            if b.is_empty() {
+                // Nothing buffered: the committed size is the base (a flush or a truncation
+                // may have happened since the buffer, or `rec`, was made).
+                b.size = self.load(ino)?.size;
+            }
+            b.insert(offset, data, self.now());
+            if b.bytes() < max {
+                break false;
+            }
+            if self.cfg.write_flush_threads == 0 {
+                break true;
+            }
+            if !b.flush_pending {
+                if self.flush_tx.send(ino).is_err() {
                     break true;
                 }
-                if !b.flush_pending {
-                    if self.flush_tx.send(ino).is_err() {
-                        break true;
-                    }
-                    b.flush_pending = true;
-                }
-                // Bounded memory: a writer faster than the drives waits for room.
-                while b.flush_pending && !b.detached && b.bytes() >= 2 * max {
-                    fb.room.wait(&mut b);
-                }
-                break false;
-            };
-            if flush_here {
-                self.flush_full_stripes(ino)?;
+                b.flush_pending = true;
             }
+            // Bounded memory: a writer faster than the drives waits for room.
+            while b.flush_pending && !b.detached && b.bytes() >= 2 * max {
+                fb.room.wait(&mut b);
+            }
+            break false;
+        };
+        if flush_here {
+            self.flush_full_stripes(ino)?;
         }
-        if stability == Stability::Durable {
-            self.commit(caller, ino)?;
-        }
-        self.getattr(caller, ino)
+        Ok(true)
     }
 
     /// Flushes the write buffer and makes the file's data and metadata durable (fsync).

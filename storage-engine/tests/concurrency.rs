@@ -108,3 +108,34 @@ fn background_write_out_keeps_bytes_readable_and_in_order() {
     assert_eq!(all.len(), len);
     assert!(all.iter().all(|b| *b == rounds), "the last round's bytes are what was kept");
 }
+
+#[test]
+fn a_write_that_would_wait_is_refused_by_try_write_buffered_and_changes_nothing() {
+    // No flush threads: a write that fills the buffer must write stripes itself, which an
+    // event-loop caller must not do.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.write_flush_threads = 0;
+    let e = Engine::open(cfg).unwrap();
+    let c = root();
+    let f = e.create(&c, ROOT_INO, b"f", 0o644, true).unwrap();
+    let piece = bytes(9, 100 * 1024);
+    assert!(e.try_write_buffered(&c, f.ino, 0, &piece).unwrap());
+    assert!(e.try_write_buffered(&c, f.ino, piece.len() as u64, &piece).unwrap());
+    assert_eq!(e.getattr(&c, f.ino).unwrap().size, 2 * piece.len() as u64, "buffered writes are visible");
+    // 300 KiB would pass the 256 KiB buffer limit: refused, nothing added.
+    assert!(!e.try_write_buffered(&c, f.ino, 2 * piece.len() as u64, &piece).unwrap());
+    assert_eq!(e.getattr(&c, f.ino).unwrap().size, 2 * piece.len() as u64);
+    e.write(&c, f.ino, 2 * piece.len() as u64, &piece, Stability::Unstable).unwrap();
+    e.close(&c, f.ino).unwrap();
+    assert!(e.read(&c, f.ino, 0, 1 << 20).unwrap() == [&piece[..], &piece[..], &piece[..]].concat());
+    // The checks of `write` apply.
+    let d = e.mkdir(&c, ROOT_INO, b"d", 0o755).unwrap();
+    assert!(matches!(e.try_write_buffered(&c, d.ino, 0, b"x"), Err(Error::IsDir)));
+    let bob = e
+        .create_user(&c, NewUser { name: "bob".into(), password: "password-123".into(), ..Default::default() })
+        .and_then(|_| e.caller_for_user("bob"))
+        .unwrap();
+    assert!(matches!(e.try_write_buffered(&bob, f.ino, 0, b"x"), Err(Error::PermissionDenied)));
+    assert!(matches!(e.try_write_buffered(&c, f.ino, FILE_BYTES_MAX, b"x"), Err(Error::FileTooLarge)));
+}

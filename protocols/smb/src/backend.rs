@@ -531,7 +531,11 @@ impl Handle for EngineHandle {
         self.wrote.store(true, Ordering::Relaxed);
         self.ahead.lock().await.clear();
         // Unstable: collected in the engine's write buffer and flushed in whole stripes; FLUSH
-        // (fsync on the client) commits, CLOSE flushes.
+        // (fsync on the client) commits, CLOSE flushes. A write that only adds to the buffer
+        // is done here, without a trip to a blocking thread.
+        if self.engine.try_write_buffered(&self.caller, self.ino, offset, &data).map_err(smb_error)? {
+            return Ok(n);
+        }
         self.with(move |e, c, ino| e.write(c, ino, offset, &data, Stability::Unstable)).await?;
         Ok(n)
     }
