@@ -480,7 +480,20 @@ async fn write(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     data.truncate(a.count as usize);
     let count = data.len() as u32;
     let (engine, caller, ino, off) = (ctx.engine(), ctx.caller.clone(), before.ino, a.offset);
-    let r = blocking(move || engine.write(&caller, ino, off, &data, stability)).await;
+    // An unstable WRITE that only adds to the file's write buffer is done here, without a
+    // trip to a blocking thread; one that would wait goes to one.
+    let inline = match stability {
+        Stability::Unstable => match engine.try_write_buffered(&caller, ino, off, &data) {
+            Ok(true) => Some(engine.getattr(&caller, ino)),
+            Ok(false) => None,
+            Err(e) => Some(Err(e)),
+        },
+        Stability::Durable => None,
+    };
+    let r = match inline {
+        Some(r) => r,
+        None => blocking(move || engine.write(&caller, ino, off, &data, stability)).await,
+    };
     match r {
         Ok(after) => packed(&WRITE3res::Ok(WRITE3resok {
             file_wcc: wcc_data { before: pre_op_attr::Some(wcc_of(&before)), after: post_op_attr::Some(fattr(&after, ctx.export.id)) },
