@@ -205,6 +205,8 @@ pub(crate) struct FileView<'a> {
     pub delete_pending: bool,
     /// An open holds an EXCLUSIVE or BATCH oplock, which caches writes.
     pub exclusive_oplock: bool,
+    /// An open holds an oplock of any level.
+    pub oplock: bool,
 }
 
 impl FileView<'_> {
@@ -215,6 +217,12 @@ impl FileView<'_> {
     /// (MS-FSA 2.1.5.18). Opens and leases with `me` as key never count.
     fn can_grant(&self, me: LeaseId, state: LeaseState) -> bool {
         if self.delete_pending && state.contains(LeaseState::H) {
+            return false;
+        }
+        // Beside a classic oplock a lease caches reads only (MS-FSA
+        // 2.1.5.17.2: a lease with handle caching is not granted while the
+        // file has LEVEL_II, EXCLUSIVE or BATCH oplocks).
+        if self.oplock && state.contains(LeaseState::H) {
             return false;
         }
         let mut others = self.leases.iter().filter(|(id, _)| *id != me);
@@ -532,6 +540,7 @@ mod tests {
                         has_locks,
                         delete_pending,
                         exclusive_oplock: false,
+                        oplock: false,
                     };
                     for bits in 0..8 {
                         let requested = LeaseState::requested(bits);

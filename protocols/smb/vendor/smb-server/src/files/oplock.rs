@@ -105,14 +105,17 @@ pub(crate) struct OplockFile {
     pub other_lease: bool,
     /// Another open holding a lease that caches writes.
     pub other_lease_write: bool,
+    /// Another open holding a lease that caches handles.
+    pub other_lease_handle: bool,
     /// A byte-range lock on the file.
     pub has_locks: bool,
 }
 
 /// The oplock a CREATE gets (MS-SMB2 3.3.5.9, MS-FSA 2.1.5.17): EXCLUSIVE
 /// or BATCH when asked for and no other open or lease shares the file;
-/// otherwise LEVEL_II, when no other open caches writes and no byte-range
-/// lock is held; otherwise NONE. `refused` gets none: an attribute-only
+/// otherwise LEVEL_II, when no other open caches writes or handles (a lease
+/// with handle caching keeps oplocks out: MS-FSA 2.1.5.17.2) and no
+/// byte-range lock is held; otherwise NONE. `refused` gets none: an attribute-only
 /// open beside other opens, which breaks none of their oplocks.
 pub(crate) fn grant_oplock(
     requested: OplockLevel,
@@ -125,7 +128,7 @@ pub(crate) fn grant_oplock(
     if is_exclusive(requested) && !file.other_opens && !file.other_lease && !file.other_exclusive {
         return requested;
     }
-    if file.other_exclusive || file.other_lease_write || file.has_locks {
+    if file.other_exclusive || file.other_lease_write || file.other_lease_handle || file.has_locks {
         OplockLevel::None
     } else {
         OplockLevel::Ii
@@ -307,6 +310,10 @@ mod tests {
             },
             OplockFile {
                 other_lease_write: true,
+                ..leased
+            },
+            OplockFile {
+                other_lease_handle: true,
                 ..leased
             },
             OplockFile {

@@ -390,7 +390,7 @@ fn leases_and_oplocks_on_one_file_break_together() {
     assert!(matches!(l.end_wait(), Ok(Some(_))));
     a.acknowledge_oplock(1).unwrap();
     assert!(matches!(l.end_wait(), Ok(None)));
-    // Beside another open the lease caches no writes.
+    // Beside an oplock the lease caches reads only.
     let req = LeaseRequest {
         id: lease_id(1),
         state: LeaseState::RWH,
@@ -402,7 +402,7 @@ fn leases_and_oplocks_on_one_file_break_together() {
         .grant(lease_ref, &mut l, &req, LeaseState::RWH)
         .unwrap();
     drop(guard);
-    assert_eq!(granted.state, LeaseState::RH);
+    assert_eq!(granted.state, LeaseState::R);
 
     // A write through a third open breaks both, each its own way.
     let (c, _) = register(&s, &holder, PLAIN, None).unwrap();
@@ -410,11 +410,38 @@ fn leases_and_oplocks_on_one_file_break_together() {
     assert_eq!(level(&oplock_break(&rx.try_recv().unwrap())), NoOplock);
     let frame = lease_rx.try_recv().expect("lease break");
     let n = LeaseBreakNotification::parse(&frame[64..]).unwrap();
-    assert_eq!((n.current_lease_state, n.new_lease_state), (3, 0));
+    assert_eq!((n.current_lease_state, n.new_lease_state), (1, 0));
 
     // Beside the lease's open, a batch oplock asked for is level II.
     drop(c);
     drop(a);
     let (d, _) = register(&s, &holder, PLAIN, None).unwrap();
     assert_eq!(d.grant_oplock(Batch, FileId::new(1, 4), false).0, Ii);
+}
+
+#[test]
+fn a_lease_caching_handles_keeps_oplocks_out() {
+    let table = Arc::new(LeaseTable::default());
+    let s = share();
+    let (holder, mut rx) = connection();
+    let path: SmbPath = "f".parse().unwrap();
+    let lease_ref = table.acquire(lease_id(1), &s, &path).unwrap();
+    let (mut l, _) = register(&s, &holder, PLAIN, Some(lease_id(1))).unwrap();
+    let req = LeaseRequest {
+        id: lease_id(1),
+        state: LeaseState::RH,
+        version: LeaseVersion::V1,
+        epoch: 0,
+        parent: None,
+    };
+    let (granted, guard) = table
+        .grant(lease_ref, &mut l, &req, LeaseState::RWH)
+        .unwrap();
+    drop(guard);
+    assert_eq!(granted.state, LeaseState::RH);
+    // An open asking for an oplock breaks nothing and gets none.
+    let (b, wait) = register(&s, &holder, PLAIN, None).unwrap();
+    assert!(wait.is_none());
+    assert!(rx.try_recv().is_none());
+    assert_eq!(b.grant_oplock(Ii, FileId::new(1, 2), false).0, NoOplock);
 }

@@ -1230,6 +1230,11 @@ impl FileRef {
                 .opens
                 .iter()
                 .any(|e| e.oplock.as_ref().is_some_and(Oplock::exclusive)),
+            oplock: state.opens.iter().any(|e| {
+                e.oplock
+                    .as_ref()
+                    .is_some_and(|o| o.level != OplockLevel::None)
+            }),
         };
         let existing = state.leases.iter().position(|l| l.id == req.id);
         let current = existing.map(|at| Current {
@@ -1297,6 +1302,7 @@ impl FileRef {
             other_exclusive: others().any(|e| e.oplock.as_ref().is_some_and(Oplock::exclusive)),
             other_lease: state.leases.iter().any(|l| l.state != LeaseState::NONE),
             other_lease_write: state.leases.iter().any(|l| l.state.contains(LeaseState::W)),
+            other_lease_handle: state.leases.iter().any(|l| l.state.contains(LeaseState::H)),
             has_locks: !state.locks.is_empty(),
         };
         let level = grant_oplock(requested, attribute_only, &file);
