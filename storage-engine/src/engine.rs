@@ -185,7 +185,8 @@ pub(crate) enum Command {
         /// Create without a directory entry (put-whole and multipart staging).
         orphan: bool,
     },
-    Link { caller: Caller, ino: Ino, parent: Ino, name: Vec<u8>, now: i64 },
+    /// A new name for `ino`; with `replace`, in place of a file already named so (atomically).
+    Link { caller: Caller, ino: Ino, parent: Ino, name: Vec<u8>, replace: bool, now: i64 },
     Unlink { caller: Caller, parent: Ino, name: Vec<u8>, dir: bool, now: i64 },
     Rename {
         caller: Caller,
@@ -1106,7 +1107,7 @@ impl Engine {
                 }
                 Ok(Applied { attr: Some(attr_of(*ino, &rec)), events })
             }
-            Command::Link { caller, ino, parent, name, now } => {
+            Command::Link { caller, ino, parent, name, replace, now } => {
                 validate_name(name)?;
                 let mut dir = self.load(*parent)?;
                 if dir.kind != FileKind::Dir {
@@ -1120,11 +1121,28 @@ impl Engine {
                 if rec.nlink == 0 {
                     return Err(Error::NotFound);
                 }
+                let mut events = Vec::new();
+                if let Some((old, okind)) = self.load_dentry(*parent, name)? {
+                    if !*replace {
+                        return Err(Error::Exists);
+                    }
+                    if old == *ino {
+                        // Already this file's name: nothing to replace.
+                        return Ok(Applied { attr: Some(attr_of(*ino, &rec)), events });
+                    }
+                    if okind == FileKind::Dir {
+                        return Err(Error::IsDir);
+                    }
+                    let victim = self.load(old)?;
+                    if !sticky_ok(caller, &dir, &victim) {
+                        return Err(Error::PermissionDenied);
+                    }
+                    batch.delete_cf(self.cf(CF_DENTRIES), dentry_key(*parent, name));
+                    self.drop_link(batch, freed, old, victim, *now)?;
+                    events.push(ChangeEvent { ino: old, version: 0, kind: ChangeKind::Removed { parent: *parent, name: name.clone() } });
+                }
                 if rec.nlink >= LINKS_MAX {
                     return Err(Error::TooManyLinks);
-                }
-                if self.load_dentry(*parent, name)?.is_some() {
-                    return Err(Error::Exists);
                 }
                 rec.nlink += 1;
                 rec.ctime_ns = *now;
@@ -1132,10 +1150,8 @@ impl Engine {
                 self.put_inode(batch, *ino, &rec);
                 batch.put_cf(self.cf(CF_DENTRIES), dentry_key(*parent, name), encode_dentry(*ino, rec.kind));
                 self.put_touched(batch, *parent, &mut dir, *now);
-                Ok(Applied {
-                    attr: Some(attr_of(*ino, &rec)),
-                    events: vec![ChangeEvent { ino: *ino, version: rec.version, kind: ChangeKind::Created { parent: *parent, name: name.clone() } }],
-                })
+                events.push(ChangeEvent { ino: *ino, version: rec.version, kind: ChangeKind::Created { parent: *parent, name: name.clone() } });
+                Ok(Applied { attr: Some(attr_of(*ino, &rec)), events })
             }
             Command::Unlink { caller, parent, name, dir: want_dir, now } => {
                 validate_name(name)?;
@@ -1689,7 +1705,18 @@ impl Engine {
         self.remote_refuse(caller, ino, "link")?;
         self.remote_refuse(caller, parent, "link")?;
         self.flush(ino, false)?;
-        let cmd = Command::Link { caller: caller.clone(), ino, parent, name: name.to_vec(), now: self.now() };
+        let cmd = Command::Link { caller: caller.clone(), ino, parent, name: name.to_vec(), replace: false, now: self.now() };
+        Ok(self.execute(cmd, false)?.expect("link returns attributes"))
+    }
+
+    /// Like `link`, but a file already named `name` is replaced in the same step (as rename
+    /// replaces its target): a crash leaves the old file or the new link, never neither.
+    /// Linking a file to a name it already has changes nothing.
+    pub fn link_replacing(&self, caller: &Caller, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+        self.remote_refuse(caller, ino, "link")?;
+        self.remote_refuse(caller, parent, "link")?;
+        self.flush(ino, false)?;
+        let cmd = Command::Link { caller: caller.clone(), ino, parent, name: name.to_vec(), replace: true, now: self.now() };
         Ok(self.execute(cmd, false)?.expect("link returns attributes"))
     }
 

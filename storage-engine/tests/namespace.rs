@@ -305,3 +305,37 @@ fn special_files_have_no_data_and_devices_need_root() {
     e.mknod(&root(), tmp.ino, b"sock", FileKind::Socket, 0o600, 0).unwrap();
     assert!(e.list_objects(&root(), tmp.ino, b"", None, b"", 100).unwrap().objects.is_empty());
 }
+
+#[test]
+fn a_replacing_link_swaps_the_name_in_one_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let a = put(&e, "/a", b"new bytes");
+    let old = put(&e, "/b", b"old bytes");
+    // Without replacing, an existing name is refused and nothing changes.
+    assert!(matches!(e.link(&c, a, ROOT_INO, b"b"), Err(Error::Exists)));
+    assert_eq!(get(&e, "/b"), b"old bytes");
+    let attr = e.link_replacing(&c, a, ROOT_INO, b"b").unwrap();
+    assert_eq!(attr.nlink, 2);
+    assert_eq!(get(&e, "/b"), b"new bytes");
+    assert_eq!(e.lookup(&c, ROOT_INO, b"b").unwrap().ino, a);
+    assert!(matches!(e.getattr(&c, old), Err(Error::NotFound)), "the replaced file had no other name");
+    // Linking a file to a name it already has changes nothing.
+    assert_eq!(e.link_replacing(&c, a, ROOT_INO, b"b").unwrap().nlink, 2);
+    // A directory is never replaced, and another user's file in a sticky directory is not.
+    e.mkdir(&c, ROOT_INO, b"d", 0o755).unwrap();
+    assert!(matches!(e.link_replacing(&c, a, ROOT_INO, b"d"), Err(Error::IsDir)));
+    let tmp = e.mkdir(&c, ROOT_INO, b"tmp", 0o1777).unwrap();
+    let bob = user(&e, "bob");
+    let mine = e.create(&bob, tmp.ino, b"mine", 0o666, true).unwrap();
+    let theirs = e.create(&c, tmp.ino, b"theirs", 0o666, true).unwrap();
+    assert!(matches!(e.link_replacing(&bob, mine.ino, tmp.ino, b"theirs"), Err(Error::PermissionDenied)));
+    assert_eq!(e.lookup(&c, tmp.ino, b"theirs").unwrap().ino, theirs.ino);
+    // After a restart the new name is what was kept.
+    e.shutdown().unwrap();
+    drop(e);
+    let e = open(dir.path());
+    assert_eq!(get(&e, "/b"), b"new bytes");
+    assert_eq!(e.getattr(&c, a).unwrap().nlink, 2);
+}

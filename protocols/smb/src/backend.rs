@@ -331,7 +331,8 @@ impl ShareBackend for EngineShare {
                 if !replace_if_exists {
                     return Err(SmbError::Exists);
                 }
-                engine.unlink(caller, m.to_parent.ino, m.to_name.as_bytes()).map_err(smb_error)?;
+                // The old file goes and the new name comes in one engine step.
+                return engine.link_replacing(caller, m.source.ino, m.to_parent.ino, m.to_name.as_bytes()).map(|_| ()).map_err(smb_error);
             }
             engine.link(caller, m.source.ino, m.to_parent.ino, m.to_name.as_bytes()).map(|_| ()).map_err(smb_error)
         })
