@@ -1,6 +1,8 @@
 //! Who a request runs as: SigV4 secrets come from the engine's identity store; a bucket's
 //! policy may deny a request or allow it with the bucket owner's permissions; anonymous
 //! requests that no policy allows may only read buckets (or objects) marked public-read.
+//! A stored ACL (see `acl`) decides for the bucket or object it is on: a grant lets the
+//! grantee act with the owner's permissions, and without one the request is refused.
 
 use std::sync::Arc;
 
@@ -10,7 +12,8 @@ use s3s::path::S3Path;
 use s3s::{S3Error, S3ErrorCode, S3Result};
 use storage_engine::{Caller, Engine, Error, FileKind, Ino, ROOT_INO, Role};
 
-use crate::meta::{XATTR_POLICY, XATTR_PUBLIC_READ, XATTR_TAGS, decode_tags};
+use crate::acl::{Acl, Perm};
+use crate::meta::{XATTR_ACL, XATTR_POLICY, XATTR_PUBLIC_READ, XATTR_TAGS, decode_tags};
 use crate::policy::{Context, Decision, Policy, Principal, action_of, bucket_arn, is_policy_admin, object_arn};
 use crate::service::blocking;
 
@@ -119,6 +122,12 @@ pub(crate) struct PeerAddr(pub std::net::IpAddr);
 /// a user, never with an administrator's powers), as the owner delegated them.
 #[derive(Clone)]
 pub(crate) struct PolicyGrant(pub Caller);
+
+/// A bucket ACL's WRITE grant admitted a signed-in user other than the bucket owner: the
+/// object is written with the bucket owner's permissions, and this user (its uploader) is
+/// recorded as its S3 owner in the object's ACL.
+#[derive(Clone, Copy)]
+pub(crate) struct AclWriter(pub u32);
 
 /// For CopyObject and UploadPartCopy: the source bucket's policy allowed `s3:GetObject` on
 /// the source object, which is then read with that bucket owner's permissions.
@@ -252,6 +261,7 @@ fn request_context(cx: &S3AccessContext<'_>) -> Context {
 #[derive(Default)]
 struct Outcome {
     grant: Option<Caller>,
+    writer: Option<u32>,
     source_grant: Option<Caller>,
     per_key: Option<PerKeyPolicy>,
 }
@@ -345,15 +355,123 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
                 Decision::NoMatch => {}
             }
         }
+        if !source_allowed
+            && let Some(f) = object_file(engine, sb, sk)
+            && let AclSays::Grant(run_as) = acl_says(engine, me.as_ref(), &f, load_acl(engine, &f), Perm::Read, "source object")?
+        {
+            source_allowed = true;
+            if out.source_grant.is_none() {
+                out.source_grant = run_as;
+            }
+        }
         // An anonymous client may copy only what it may read.
         if me.is_none() && !source_allowed && bucket_visibility(engine, sb) != BucketVisibility::PublicRead && !object_is_public(engine, sb, sk) {
             return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused"));
+        }
+    }
+    if !allowed
+        && a.op != "CreateBucket"
+        && let Some((level, need)) = acl_need(&a.op)
+    {
+        let file = match level {
+            Level::Bucket => bucket_dir(&a.bucket),
+            Level::Object => a.key.as_deref().and_then(|k| object_file(engine, &a.bucket, k)),
+        };
+        if let Some(f) = file {
+            let what = if level == Level::Bucket { "bucket" } else { "object" };
+            match acl_says(engine, me.as_ref(), &f, load_acl(engine, &f), need, what)? {
+                AclSays::Grant(run_as) => {
+                    allowed = true;
+                    if let Some(c) = &me
+                        && level == Level::Bucket
+                        && need == Perm::Write
+                        && c.uid != f.uid
+                    {
+                        out.writer = Some(c.uid);
+                    }
+                    out.grant = run_as;
+                }
+                // Without a stored ACL, only the owner reads or changes a bucket's ACL (an
+                // administrator too): S3's default, which the mode view cannot express.
+                AclSays::NotStored
+                    if level == Level::Bucket
+                        && matches!(need, Perm::ReadAcp | Perm::WriteAcp)
+                        && me.as_ref().is_some_and(|c| c.uid != f.uid && c.uid != 0 && c.role < Role::Admin) =>
+                {
+                    return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "only the bucket's owner may read or change its ACL"));
+                }
+                AclSays::NotStored => {}
+            }
         }
     }
     if me.is_none() && !allowed {
         anonymous_check(engine, &a.bucket, a.key.as_deref(), &a.op)?;
     }
     Ok(out)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Bucket,
+    Object,
+}
+
+/// The ACL permission an operation needs, and on what (as S3 maps them): bucket READ lists,
+/// bucket WRITE creates, overwrites and deletes objects, object READ reads one; READ_ACP
+/// and WRITE_ACP read and change the ACL.
+fn acl_need(op: &str) -> Option<(Level, Perm)> {
+    Some(match op {
+        "ListObjects" | "ListObjectsV2" | "ListObjectVersions" | "HeadBucket" | "ListMultipartUploads" | "GetBucketLocation" => (Level::Bucket, Perm::Read),
+        "PutObject" | "CopyObject" | "CreateMultipartUpload" | "UploadPart" | "UploadPartCopy" | "CompleteMultipartUpload" | "AbortMultipartUpload"
+        | "ListParts" | "DeleteObject" | "DeleteObjects" => (Level::Bucket, Perm::Write),
+        "GetBucketAcl" => (Level::Bucket, Perm::ReadAcp),
+        "PutBucketAcl" => (Level::Bucket, Perm::WriteAcp),
+        "GetObject" | "HeadObject" | "GetObjectAttributes" | "GetObjectTagging" => (Level::Object, Perm::Read),
+        "GetObjectAcl" => (Level::Object, Perm::ReadAcp),
+        "PutObjectAcl" => (Level::Object, Perm::WriteAcp),
+        _ => return None,
+    })
+}
+
+/// What a bucket's or object's ACL says about a request.
+enum AclSays {
+    /// Admitted; it runs as this caller (the owner), or as the requester when `None`.
+    Grant(Option<Caller>),
+    /// No stored ACL (the mode view): the caller's own permissions decide.
+    NotStored,
+}
+
+/// A bucket's or an object's stored ACL. One that no longer decodes is treated as one
+/// without grants: failing closed, and its owner can still replace it.
+pub(crate) fn load_acl(engine: &Engine, f: &storage_engine::Attr) -> Option<Acl> {
+    let v = engine.getxattr(&Caller::system(), f.ino, XATTR_ACL).ok()?;
+    Some(Acl::decode(&v).unwrap_or_else(|| {
+        tracing::warn!(ino = f.ino, "stored S3 ACL does not decode; granting nothing");
+        Acl { owner: f.uid, grants: vec![] }
+    }))
+}
+
+/// Decides a request for `need` on `f` (a bucket directory or an object file) by its ACL.
+/// Administrators who do not own it keep their powers (they administer the appliance).
+fn acl_says(engine: &Engine, me: Option<&Caller>, f: &storage_engine::Attr, acl: Option<Acl>, need: Perm, what: &str) -> S3Result<AclSays> {
+    let Some(acl) = acl else { return Ok(AclSays::NotStored) };
+    let uid = me.map(|c| c.uid);
+    if acl.allows(uid, need) {
+        return Ok(AclSays::Grant((uid != Some(f.uid)).then(|| owner_caller(engine, f))));
+    }
+    if me.is_some_and(|c| (c.uid == 0 || c.role >= Role::Admin) && c.uid != acl.owner) {
+        return Ok(AclSays::NotStored);
+    }
+    Err(S3Error::with_message(S3ErrorCode::AccessDenied, format!("the {what}'s ACL grants this requester no {need:?} permission")))
+}
+
+/// The object file `key` names in `bucket`, looked up as the system.
+fn object_file(engine: &Engine, bucket: &str, key: &str) -> Option<storage_engine::Attr> {
+    let sys = Caller::system();
+    let b = engine.lookup(&sys, ROOT_INO, bucket.as_bytes()).ok()?;
+    let (parent, name) = engine.object_parent(&sys, b.ino, key, false).ok()?;
+    let a = engine.lookup(&sys, parent, name.as_bytes()).ok()?;
+    (a.kind == FileKind::File).then_some(a)
 }
 
 /// Without a policy that allows it, an anonymous client may only read public-read buckets
@@ -410,6 +528,9 @@ impl S3Access for PolicyAccess {
         let ext = cx.extensions_mut();
         if let Some(c) = out.grant {
             ext.insert(PolicyGrant(c));
+        }
+        if let Some(uid) = out.writer {
+            ext.insert(AclWriter(uid));
         }
         if let Some(c) = out.source_grant {
             ext.insert(SourceGrant(c));

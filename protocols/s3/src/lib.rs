@@ -13,6 +13,7 @@
 //! from it in [`READ_PIECE_BYTES_MAX`] pieces, so memory per request does not grow with the
 //! object. See `README.md` in this crate for the decisions S3 clients can observe.
 
+mod acl;
 mod auth;
 mod error;
 mod keys;
@@ -22,6 +23,7 @@ mod policy;
 mod server;
 mod service;
 
+pub use acl::ACL_GRANTS_MAX;
 pub use keys::KEY_BYTES_MAX;
 pub use meta::{TAG_KEY_BYTES_MAX, TAG_VALUE_BYTES_MAX, TAGS_MAX};
 pub use lifecycle::{LIFECYCLE_RULES_MAX, lifecycle_pass};

@@ -7,6 +7,7 @@
 //! | `aquifer.s3.tags` | object | JSON: the tag set as `[[key, value], ...]` |
 //! | `aquifer.s3.public-read` | bucket directory | `1`: anonymous clients may read |
 //! | `aquifer.s3.policy` | bucket directory | the bucket policy (JSON) as the owner put it, checked by `policy::Policy::parse` |
+//! | `aquifer.s3.acl` | bucket directory or object | an ACL the mode view cannot say: `1 <owner uid>` then one grant a line (`acl::Acl::encode`) |
 //! | `aquifer.s3.lifecycle` | bucket directory | the lifecycle configuration as S3 XML (`<LifecycleConfiguration>`), checked by `lifecycle::check` |
 //!
 //! The ETag is valid while the file's size and mtime are those recorded with it. The engine
@@ -25,6 +26,7 @@ pub const XATTR_TAGS: &[u8] = b"aquifer.s3.tags";
 pub const XATTR_PUBLIC_READ: &[u8] = b"aquifer.s3.public-read";
 pub const XATTR_POLICY: &[u8] = b"aquifer.s3.policy";
 pub const XATTR_LIFECYCLE: &[u8] = b"aquifer.s3.lifecycle";
+pub const XATTR_ACL: &[u8] = b"aquifer.s3.acl";
 
 /// An ETag together with the data state (size, mtime) it was computed for.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,7 +17,8 @@ use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ROOT_INO, Stability};
 
-use crate::auth::{PerKeyPolicy, PolicyGrant, SourceGrant, caller_of};
+use crate::acl::{self, Acl, GrantHeaders, Perm};
+use crate::auth::{AclWriter, PerKeyPolicy, PolicyGrant, SourceGrant, caller_of, load_acl};
 use crate::lifecycle;
 use crate::policy::Policy;
 use crate::error::{Missing, internal, map_err};
@@ -962,69 +963,64 @@ fn mark_public_read(engine: &Engine, caller: &Caller, ino: Ino, public: bool) ->
     }
 }
 
-/// The ACL S3 clients see for a bucket or an object: its owner has full control, and
-/// everyone may read when anonymous reads are actually admitted (a public-read bucket, or
-/// an object marked public-read, and for an object also a mode that lets others read it).
-fn acl_grants(owner: &Owner, public: bool) -> Vec<Grant> {
-    let mut grants = vec![Grant {
-        grantee: Some(Grantee {
-            type_: Type::from_static(Type::CANONICAL_USER),
-            id: owner.id.clone(),
-            display_name: owner.display_name.clone(),
-            email_address: None,
-            uri: None,
-        }),
-        permission: Some(Permission::from_static(Permission::FULL_CONTROL)),
-    }];
-    if public {
-        grants.push(Grant {
-            grantee: Some(Grantee {
-                type_: Type::from_static(Type::GROUP),
-                uri: Some(ALL_USERS_URI.into()),
-                id: None,
-                display_name: None,
-                email_address: None,
-            }),
-            permission: Some(Permission::from_static(Permission::READ)),
-        });
-    }
-    grants
+fn is_admin(caller: &Caller) -> bool {
+    caller.uid == 0 || caller.role >= storage_engine::Role::Admin
 }
 
-const ALL_USERS_URI: &str = "http://acs.amazonaws.com/groups/global/AllUsers";
+/// The grants of `acl` with every user named (DisplayName) as listings name owners.
+fn grants_of(engine: &Engine, acl: &Acl) -> Vec<Grant> {
+    acl.to_grants(|uid| owner_of(engine, uid).display_name.unwrap_or_default())
+}
 
-/// An object ACL given as a canned name, or as a policy body that says exactly what one of
-/// the supported canned ACLs says (owner full control, optionally everyone read): whether
-/// others may read. Grants to other accounts or groups, and `x-amz-grant-*` headers, are not
-/// supported: permissions are the file's mode.
-fn object_acl_public(input: &PutObjectAclInput, owner_id: &str) -> S3Result<bool> {
-    let unsupported = || err(S3ErrorCode::NotImplemented, "only the canned ACLs private and public-read are supported on objects (or a policy that grants exactly those)");
-    if input.grant_full_control.is_some() || input.grant_read.is_some() || input.grant_read_acp.is_some() || input.grant_write_acp.is_some() {
-        return Err(unsupported());
-    }
-    match (&input.acl, &input.access_control_policy) {
-        (Some(acl), None) => Ok(object_mode(Some(acl))? & 0o004 != 0),
-        (None, Some(policy)) => {
-            let mut owner_full = false;
-            let mut everyone_read = false;
-            for g in policy.grants.iter().flatten() {
-                let perm = g.permission.as_ref().map(|p| p.as_str());
-                let who = g.grantee.as_ref().ok_or_else(|| err(S3ErrorCode::MalformedACLError, "a grant names no grantee"))?;
-                if who.id.as_deref() == Some(owner_id) && perm == Some(Permission::FULL_CONTROL) {
-                    owner_full = true;
-                } else if who.uri.as_deref() == Some(ALL_USERS_URI) && perm == Some(Permission::READ) {
-                    everyone_read = true;
-                } else {
-                    return Err(unsupported());
-                }
-            }
-            if !owner_full {
-                return Err(unsupported());
-            }
-            Ok(everyone_read)
+/// Stores `acl` on a bucket: an ACL the mode view says is the public-read mark alone;
+/// any other is stored whole (and marks the bucket public-read when everyone may read).
+fn apply_bucket_acl(engine: &Engine, b: &Attr, acl: &Acl) -> S3Result<()> {
+    let sys = Caller::system();
+    let stored = match acl.as_mode_view(b.uid) {
+        Some(public) => {
+            mark_public_read(engine, &sys, b.ino, public).map_err(|e| map_err(e, Missing::Bucket))?;
+            None
         }
-        (None, None) => Err(err(S3ErrorCode::MissingSecurityHeader, "give a canned ACL (x-amz-acl) or an AccessControlPolicy body")),
-        (Some(_), Some(_)) => Err(err(S3ErrorCode::UnexpectedContent, "give either a canned ACL or an AccessControlPolicy body, not both")),
+        None => {
+            mark_public_read(engine, &sys, b.ino, acl.everyone_reads()).map_err(|e| map_err(e, Missing::Bucket))?;
+            Some(acl.encode())
+        }
+    };
+    set_acl_xattr(engine, &sys, b.ino, stored.as_deref()).map_err(|e| map_err(e, Missing::Bucket))
+}
+
+fn set_acl_xattr(engine: &Engine, caller: &Caller, ino: Ino, value: Option<&[u8]>) -> Result<(), Error> {
+    match value {
+        Some(v) => engine.setxattr(caller, ino, XATTR_ACL, v),
+        None => match engine.removexattr(caller, ino, XATTR_ACL) {
+            Err(Error::NotFound) => Ok(()),
+            r => r,
+        },
+    }
+}
+
+/// The mode an object with `acl` gets: others may read when everyone or every signed-in
+/// user may (the engine then admits other users and protocols too), else owner only.
+fn object_acl_mode(acl: &Acl, file_uid: u32, mode: u32) -> u32 {
+    let others_read = match acl.as_mode_view(file_uid) {
+        Some(public) => public,
+        None => acl.group_reads(),
+    };
+    (if others_read { mode | 0o044 } else { mode & !0o077 }) & 0o7777
+}
+
+/// Stores `acl` on an object (mode set by the caller): the mode view is the public-read
+/// mark alone; any other ACL is stored whole.
+fn apply_object_acl_xattrs(engine: &Engine, caller: &Caller, a: Ino, file_uid: u32, acl: &Acl) -> Result<(), Error> {
+    match acl.as_mode_view(file_uid) {
+        Some(public) => {
+            mark_public_read(engine, caller, a, public)?;
+            set_acl_xattr(engine, caller, a, None)
+        }
+        None => {
+            mark_public_read(engine, caller, a, acl.everyone_reads())?;
+            set_acl_xattr(engine, caller, a, Some(&acl.encode()))
+        }
     }
 }
 
@@ -1063,16 +1059,25 @@ impl S3 for AquiferS3 {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let bucket = req.input.bucket.clone();
-        let public = match req.input.acl.as_ref().map(|a| a.as_str()) {
-            None | Some(BucketCannedACL::PRIVATE) => false,
-            Some(BucketCannedACL::PUBLIC_READ) => true,
-            Some(other) => return Err(err(S3ErrorCode::NotImplemented, format!("canned ACL {other} is not supported; use private or public-read"))),
+        let canned = req.input.acl.as_ref().map(|a| a.as_str().to_string());
+        let headers = GrantHeaders {
+            read: req.input.grant_read.clone(),
+            write: req.input.grant_write.clone(),
+            read_acp: req.input.grant_read_acp.clone(),
+            write_acp: req.input.grant_write_acp.clone(),
+            full_control: req.input.grant_full_control.clone(),
         };
         blocking(move || {
+            // Checked whole before the bucket exists: a refused ACL creates nothing.
+            let acl = acl::requested(&engine, canned.as_deref(), None, &headers, caller.uid, caller.uid)?;
             match engine.mkdir(&caller, ROOT_INO, bucket.as_bytes(), DIR_MODE) {
                 Ok(a) => {
-                    if public {
-                        engine.setxattr(&caller, a.ino, XATTR_PUBLIC_READ, b"1").map_err(|e| map_err(e, Missing::Bucket))?;
+                    if let Some(acl) = acl
+                        && let Err(e) = apply_bucket_acl(&engine, &a, &acl)
+                    {
+                        // Not left behind with an ACL other than the one asked for.
+                        let _ = engine.rmdir(&caller, ROOT_INO, bucket.as_bytes());
+                        return Err(e);
                     }
                     Ok(())
                 }
@@ -1148,27 +1153,32 @@ impl S3 for AquiferS3 {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let bucket = req.input.bucket;
-        let (owner, public) = blocking(move || {
-            let b = bucket_attr(&engine, &caller, &bucket)?;
-            Ok((owner_of(&engine, b.uid), marked_public_read(&engine, &caller, b.ino)))
+        let (owner, grants) = blocking(move || {
+            let b = owned_bucket(&engine, &caller, &bucket, "ACL")?;
+            let acl = load_acl(&engine, &b).unwrap_or_else(|| Acl::mode_view(b.uid, marked_public_read(&engine, &Caller::system(), b.ino)));
+            Ok((owner_of(&engine, acl.owner), grants_of(&engine, &acl)))
         })
         .await?;
-        let grants = acl_grants(&owner, public);
         Ok(S3Response::new(GetBucketAclOutput { grants: Some(grants), owner: Some(owner) }))
     }
 
     async fn put_bucket_acl(&self, req: S3Request<PutBucketAclInput>) -> S3Result<S3Response<PutBucketAclOutput>> {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
-        let bucket = req.input.bucket.clone();
-        let public = match req.input.acl.as_ref().map(|a| a.as_str()) {
-            Some(BucketCannedACL::PRIVATE) => false,
-            Some(BucketCannedACL::PUBLIC_READ) => true,
-            _ => return Err(err(S3ErrorCode::NotImplemented, "only the canned ACLs private and public-read are supported")),
+        let input = req.input;
+        let headers = GrantHeaders {
+            read: input.grant_read,
+            write: input.grant_write,
+            read_acp: input.grant_read_acp,
+            write_acp: input.grant_write_acp,
+            full_control: input.grant_full_control,
         };
         blocking(move || {
-            let b = bucket_attr(&engine, &caller, &bucket)?;
-            mark_public_read(&engine, &caller, b.ino, public).map_err(|e| map_err(e, Missing::Bucket))
+            let b = owned_bucket(&engine, &caller, &input.bucket, "ACL")?;
+            let canned = input.acl.as_ref().map(|a| a.as_str());
+            let acl = acl::requested(&engine, canned, input.access_control_policy.as_ref(), &headers, b.uid, b.uid)?
+                .ok_or_else(|| err(S3ErrorCode::MissingSecurityHeader, "give a canned ACL (x-amz-acl), x-amz-grant-* headers or an AccessControlPolicy body"))?;
+            apply_bucket_acl(&engine, &b, &acl)
         })
         .await?;
         Ok(S3Response::new(PutBucketAclOutput::default()))
@@ -1283,38 +1293,57 @@ impl S3 for AquiferS3 {
         let caller = self.caller(&req)?;
         let input = req.input;
         check_version_id(input.version_id.as_deref())?;
-        let (owner, public) = blocking(move || {
+        let (owner, grants) = blocking(move || {
             let b = bucket_attr(&engine, &caller, &input.bucket)?;
             let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
-            // As in S3, where only the owner holds READ_ACP unless granted.
-            if caller.uid != a.uid && caller.uid != 0 && caller.role < storage_engine::Role::Admin {
+            let stored = load_acl(&engine, &a);
+            // As in S3, where only the owner holds READ_ACP unless granted (a grant runs the
+            // request as the file's owner, see auth.rs).
+            let granted = stored.as_ref().is_some_and(|acl| acl.allows(Some(caller.uid), Perm::ReadAcp));
+            if caller.uid != a.uid && !is_admin(&caller) && !granted {
                 return Err(err(S3ErrorCode::AccessDenied, "only the object's owner may read its ACL"));
             }
-            let admitted = marked_public_read(&engine, &caller, b.ino) || marked_public_read(&engine, &caller, a.ino);
-            Ok((owner_of(&engine, a.uid), a.mode & 0o004 != 0 && admitted))
+            let acl = stored.unwrap_or_else(|| {
+                let sys = Caller::system();
+                let admitted = marked_public_read(&engine, &sys, b.ino) || marked_public_read(&engine, &sys, a.ino);
+                Acl::mode_view(a.uid, a.mode & 0o004 != 0 && admitted)
+            });
+            Ok((owner_of(&engine, acl.owner), grants_of(&engine, &acl)))
         })
         .await?;
-        let grants = acl_grants(&owner, public);
         Ok(S3Response::new(GetObjectAclOutput { grants: Some(grants), owner: Some(owner), ..Default::default() }))
     }
 
-    /// Sets the object's mode: `private` leaves only its owner's bits, `public-read` lets
-    /// everyone read, anonymous clients included (also in a private bucket: the object is
-    /// marked). Only the owner (or an administrator) may, as for chmod.
+    /// Sets the object's ACL and mode: `private` leaves only its owner's bits, `public-read`
+    /// lets everyone read, anonymous clients included (also in a private bucket: the object
+    /// is marked); other ACLs are stored (see `acl`), and the mode lets others read when a
+    /// group may. Only the owner (or an administrator, or a WRITE_ACP grantee, who acts as
+    /// the owner) may, as for chmod.
     async fn put_object_acl(&self, req: S3Request<PutObjectAclInput>) -> S3Result<S3Response<PutObjectAclOutput>> {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let input = req.input;
         check_version_id(input.version_id.as_deref())?;
+        let headers = GrantHeaders {
+            read: input.grant_read.clone(),
+            write: input.grant_write.clone(),
+            read_acp: input.grant_read_acp.clone(),
+            write_acp: input.grant_write_acp.clone(),
+            full_control: input.grant_full_control.clone(),
+        };
         blocking(move || {
-            let a = object_in(&engine, &caller, &input.bucket, &input.key)?;
-            let public = object_acl_public(&input, &a.uid.to_string())?;
-            let mode = if public { a.mode | 0o044 } else { a.mode & !0o077 };
-            engine
-                .setattr(&caller, a.ino, storage_engine::SetAttr { mode: Some(mode & 0o7777), ..Default::default() })
-                .map_err(|e| map_err(e, Missing::Key))?;
-            // The object-level mark that admits anonymous reads in a private bucket.
-            mark_public_read(&engine, &caller, a.ino, public).map_err(|e| map_err(e, Missing::Key))
+            let b = bucket_attr(&engine, &caller, &input.bucket)?;
+            let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
+            // The S3 owner stays who it is: the file's owner, or the uploader an ACL names.
+            let owner = load_acl(&engine, &a).map_or(a.uid, |acl| acl.owner);
+            let canned = input.acl.as_ref().map(|a| a.as_str());
+            let acl = acl::requested(&engine, canned, input.access_control_policy.as_ref(), &headers, owner, b.uid)?
+                .ok_or_else(|| err(S3ErrorCode::MissingSecurityHeader, "give a canned ACL (x-amz-acl), x-amz-grant-* headers or an AccessControlPolicy body"))?;
+            // The mode first: the engine refuses it to anyone but the owner (or an
+            // administrator), and then nothing has changed.
+            let mode = object_acl_mode(&acl, a.uid, a.mode);
+            engine.setattr(&caller, a.ino, storage_engine::SetAttr { mode: Some(mode), ..Default::default() }).map_err(|e| map_err(e, Missing::Key))?;
+            apply_object_acl_xattrs(&engine, &caller, a.ino, a.uid, &acl).map_err(|e| map_err(e, Missing::Key))
         })
         .await?;
         Ok(S3Response::new(PutObjectAclOutput::default()))
@@ -1322,6 +1351,7 @@ impl S3 for AquiferS3 {
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
         let caller = self.caller(&req)?;
+        let writer = req.extensions.get::<AclWriter>().map(|w| w.0);
         let trailers = req.trailing_headers.clone();
         let input = req.input;
         if input.write_offset_bytes.is_some() {
@@ -1343,8 +1373,14 @@ impl S3 for AquiferS3 {
             return Ok(S3Response::new(PutObjectOutput { e_tag: Some(quoted(&empty)), ..Default::default() }));
         }
         let key = object_key(&input.key)?.to_string();
-        let mode = object_mode(input.acl.as_ref())?;
-        let public_acl = input.acl.as_ref().is_some_and(|a| a.as_str() == ObjectCannedACL::PUBLIC_READ);
+        let canned = input.acl.as_ref().map(|a| a.as_str().to_string());
+        let headers = GrantHeaders {
+            read: input.grant_read.clone(),
+            write: None,
+            read_acp: input.grant_read_acp.clone(),
+            write_acp: input.grant_write_acp.clone(),
+            full_control: input.grant_full_control.clone(),
+        };
         refuse_auto_extract(input.metadata.as_ref())?;
         let tags = input.tagging.as_deref().map(parse_tagging_header).transpose()?.unwrap_or_default();
         let meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.expires, input.metadata);
@@ -1361,8 +1397,17 @@ impl S3 for AquiferS3 {
         let (if_match, if_none_match) = (input.if_match, input.if_none_match);
 
         let (e, c, k) = (engine.clone(), caller.clone(), key.clone());
-        let (bucket_ino, staged) = blocking(move || {
+        let (bucket_ino, staged, acl) = blocking(move || {
             let b = bucket_attr(&e, &c, &bucket)?;
+            // The uploader owns the object in S3's terms; one a bucket ACL admitted writes
+            // with the bucket owner's permissions, and its ACL names it as the owner.
+            let owner = writer.unwrap_or(c.uid);
+            let acl = match acl::requested(&e, canned.as_deref(), None, &headers, owner, b.uid)? {
+                Some(acl) => Some(acl),
+                None if writer.is_some() => Acl::canned("private", owner, b.uid),
+                None => None,
+            };
+            let mode = acl.as_ref().map_or(FILE_MODE, |acl| object_acl_mode(acl, c.uid, FILE_MODE));
             check_put_conditions(&e, &c, b.ino, &k, if_match.as_ref(), if_none_match.as_ref())?;
             let (parent, name) = e.object_parent(&c, b.ino, &k, true).map_err(|e| map_err(e, Missing::Key))?;
             if let Ok(a) = e.lookup(&c, parent, name.as_bytes())
@@ -1370,7 +1415,7 @@ impl S3 for AquiferS3 {
                     return Err(map_err(Error::IsDir, Missing::Key));
                 }
             let staged = e.begin_put(&c, parent, mode).map_err(|e| map_err(e, Missing::Key))?;
-            Ok((b.ino, staged.ino))
+            Ok((b.ino, staged.ino, acl))
         })
         .await?;
         let staged = Staged { engine: engine.clone(), caller: caller.clone(), ino: staged, armed: true };
@@ -1382,9 +1427,10 @@ impl S3 for AquiferS3 {
         // Publishing runs on the blocking pool with the guard moved there, so that a client
         // leaving now can neither interrupt it nor abort a published file.
         blocking(move || {
-            if public_acl {
-                // Anonymous clients may read this object even in a private bucket.
-                staged.engine.setxattr(&staged.caller, staged.ino, XATTR_PUBLIC_READ, b"1").map_err(|e| map_err(e, Missing::Key))?;
+            if let Some(acl) = &acl {
+                // A public-read object is marked: anonymous clients may read it even in a
+                // private bucket.
+                apply_object_acl_xattrs(&staged.engine, &staged.caller, staged.ino, staged.caller.uid, acl).map_err(|e| map_err(e, Missing::Key))?;
             }
             let a = publish(&staged.engine, &staged.caller, bucket_ino, &key, staged.ino, &et, &meta, &tags)?;
             staged.disarm();
@@ -1551,6 +1597,7 @@ impl S3 for AquiferS3 {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let reader = self.source_caller(&req)?;
+        let writer = req.extensions.get::<AclWriter>().map(|w| w.0);
         let input = req.input;
         let (src_bucket, src_key) = copy_source(&input.copy_source)?;
         let dst_key = object_key(&input.key)?.to_string();
@@ -1582,6 +1629,13 @@ impl S3 for AquiferS3 {
             let staged = Staged { engine: engine.clone(), caller: caller.clone(), ino: staged.ino, armed: true };
             let md5 = copy_data(&engine, &reader, &caller, src.ino, 0, src.size, staged.ino)?;
             let etag = hex::encode(md5);
+            if let Some(w) = writer {
+                // Written with the bucket owner's permissions for the uploader, who owns it.
+                let acl = Acl::canned("private", w, db.uid).expect("private is a canned ACL");
+                let mode = object_acl_mode(&acl, caller.uid, FILE_MODE);
+                engine.setattr(&caller, staged.ino, storage_engine::SetAttr { mode: Some(mode), ..Default::default() }).map_err(|e| map_err(e, Missing::Key))?;
+                apply_object_acl_xattrs(&engine, &caller, staged.ino, caller.uid, &acl).map_err(|e| map_err(e, Missing::Key))?;
+            }
             let a = publish(&engine, &caller, db.ino, &dst_key, staged.ino, &etag, &meta, &tags)?;
             staged.disarm();
             Ok((etag, a))

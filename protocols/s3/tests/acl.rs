@@ -1,7 +1,7 @@
 //! Object ACLs are a view of the file's mode: GetObjectAcl shows the owner's full control and
 //! everyone's read when anonymous reads are admitted; PutObjectAcl with `private` or
 //! `public-read` (canned, or as a policy body saying exactly that) changes the mode, and
-//! anything else is refused with nothing changed.
+//! a grant to a user that does not exist is refused with nothing changed.
 
 mod common;
 
@@ -74,15 +74,19 @@ async fn object_acls_are_the_file_mode() {
     assert_eq!(mode(&s).await, 0o600);
     assert_eq!(s.http.get(&url).send().await.unwrap().status().as_u16(), 403);
 
-    // Grants to other accounts, grant headers and other canned ACLs: refused, mode unchanged.
+    // Grants to users that do not exist are refused (400) and change nothing; grants the
+    // mode view cannot say are stored (tests/acl_grants.rs).
     let other = "<Grant><Grantee xmlns:xsi=\"http://www.w3.org/2001/XMLSchema-instance\" xsi:type=\"CanonicalUser\"><ID>4242</ID></Grantee><Permission>READ</Permission></Grant>";
     let res = s.signed("PUT", "/acl/dir/o", &[("acl", "")], policy(other)).send().await.unwrap();
-    assert_eq!(res.status().as_u16(), 501);
+    assert_eq!(res.status().as_u16(), 400);
+    assert_eq!(error_code(&res.text().await.unwrap()), "InvalidArgument");
     let res = s.signed("PUT", "/acl/dir/o", &[("acl", "")], vec![]).header("x-amz-grant-read", "id=4242").send().await.unwrap();
-    assert_eq!(res.status().as_u16(), 501);
-    let res = s.signed("PUT", "/acl/dir/o", &[("acl", "")], vec![]).header("x-amz-acl", "public-read-write").send().await.unwrap();
-    assert_eq!(res.status().as_u16(), 501);
+    assert_eq!(res.status().as_u16(), 400);
+    let res = s.signed("PUT", "/acl/dir/o", &[("acl", "")], vec![]).header("x-amz-acl", "aws-exec-read").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 501, "canned ACLs naming AWS services are not supported");
     assert_eq!(mode(&s).await, 0o600);
+    let (_, acl) = s.call("GET", "/acl/dir/o", &[("acl", "")], vec![]).await;
+    assert!(!acl.contains("4242") && !acl.contains(ALL_USERS), "{acl}");
 
     // Another user may neither change it nor read its ACL.
     let (bob_access, bob_secret) = s

@@ -49,8 +49,12 @@ async fn anonymous_reads_need_a_public_read_bucket() {
     let res = s.http.head(format!("{}/pub/empty-secret", s.endpoint())).send().await.unwrap();
     assert_eq!(res.status().as_u16(), 403);
     assert_eq!(s.call("GET", "/pub/empty-secret", &[], vec![]).await, (200, String::new()));
+    // authenticated-read: signed-in users only, not anonymous clients of a public-read bucket.
     let res = s.signed("PUT", "/pub/other.txt", &[], b"s".to_vec()).header("x-amz-acl", "authenticated-read").send().await.unwrap();
-    assert_eq!(res.status().as_u16(), 501);
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(s.http.get(format!("{}/pub/other.txt", s.endpoint())).send().await.unwrap().status().as_u16(), 403);
+    let res = s.signed("PUT", "/pub/exec.txt", &[], b"s".to_vec()).header("x-amz-acl", "aws-exec-read").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 501, "canned ACLs for AWS services are not supported");
     // Reading is all an anonymous client may do.
     let res = s.http.put(&url).body("x").send().await.unwrap();
     assert_eq!(res.status().as_u16(), 403);
