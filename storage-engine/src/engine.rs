@@ -656,6 +656,20 @@ impl Engine {
 
     // ---------------------------------------------------------------- read side
 
+    /// `getattr` for callers on an event loop: None when `ino` is a portal mirror, whose
+    /// attributes may have to come from the hub, so the caller must use `getattr` on a thread
+    /// that may block. Otherwise the metadata lookups `getattr` makes.
+    pub fn try_getattr(&self, caller: &Caller, ino: Ino) -> Option<Result<Attr>> {
+        if !caller.is_portal() {
+            match self.remote_stub(ino) {
+                Ok(Some(_)) => return None,
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        Some(self.getattr(caller, ino))
+    }
+
     pub fn getattr(&self, caller: &Caller, ino: Ino) -> Result<Attr> {
         self.remote_ensure(caller, ino, crate::remote::Need::Attr)?;
         let rec = self.load(ino)?;

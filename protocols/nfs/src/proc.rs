@@ -49,8 +49,9 @@ impl ExportState {
             gid = ANONYMOUS_ID;
             groups.clear();
         }
-        let engine = state.engine.clone();
-        blocking(move || engine.caller_for_uid(uid, gid, &groups)).await.unwrap_or_else(|_| Caller {
+        // Two metadata lookups: done here rather than on a blocking thread (every call makes
+        // them, and the trip there and back cost more than they do).
+        state.engine.caller_for_uid(uid, gid, &groups).unwrap_or_else(|_| Caller {
             user: format!("uid:{uid}"),
             uid,
             gid,
@@ -197,6 +198,9 @@ impl Ctx<'_> {
 
     async fn getattr(&self, ino: Ino) -> Result<Attr, Error> {
         let engine = self.engine();
+        if let Some(r) = engine.try_getattr(&self.caller, ino) {
+            return r;
+        }
         let caller = self.caller.clone();
         blocking(move || engine.getattr(&caller, ino)).await
     }
@@ -437,24 +441,26 @@ async fn read(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     let (engine, caller, ino, off) = (ctx.engine(), ctx.caller.clone(), attr.ino, a.offset);
     // From a window read ahead, under the attributes just loaded (unchanged since it was read).
     let r = match state.readahead.read(&engine, &caller, &attr, off, count).await {
-        Some(data) => Ok((data, attr.clone())),
+        Some((window, range)) => Ok((window, range, attr.clone())),
         None => {
             blocking(move || {
                 let data = if count == 0 { Vec::new() } else { engine.read(&caller, ino, off, count)? };
                 let after = engine.getattr(&caller, ino)?;
-                Ok((data, after))
+                let n = data.len();
+                Ok((Arc::new(data), 0..n, after))
             })
             .await
         }
     };
     match r {
-        Ok((data, after)) => {
+        Ok((buf, range, after)) => {
+            let data = &buf[range];
             let eof = off.saturating_add(data.len() as u64) >= after.size;
             packed(&READ3res::Ok(READ3resok {
                 file_attributes: post_op_attr::Some(fattr(&after, ctx.export.id)),
                 count: data.len() as u32,
                 eof,
-                data: Opaque::owned(data),
+                data: Opaque::borrowed(data),
             }))
         }
         Err(e) => packed(&READ3res::Err((status(&e), READ3resfail { file_attributes: post_op_attr::Some(fattr(&attr, ctx.export.id)) }))),

@@ -53,7 +53,7 @@ fn stamp(a: &Attr) -> (u64, i64, i64) {
 impl Readahead {
     /// Serves `[off, off + count)` of the file `attr` from a window when one covers it, and
     /// schedules windows ahead of a sequential reader. `None`: read it directly.
-    pub(crate) async fn read(&self, engine: &Arc<Engine>, caller: &Caller, attr: &Attr, off: u64, count: usize) -> Option<Vec<u8>> {
+    pub(crate) async fn read(&self, engine: &Arc<Engine>, caller: &Caller, attr: &Attr, off: u64, count: usize) -> Option<(Arc<Vec<u8>>, std::ops::Range<usize>)> {
         let end = attr.size.min(off.saturating_add(count as u64));
         if off >= end {
             return None;
@@ -98,7 +98,9 @@ impl Readahead {
         let filled = rx.wait_for(|v| v.is_some()).await.ok()?.clone().flatten()?;
         let a = (off - start) as usize;
         let b = ((end - start) as usize).min(filled.len());
-        (a < b && b == (end - start) as usize).then(|| filled[a..b].to_vec())
+        // The window itself and the range of it to answer with: the reply is encoded straight
+        // from the window, without a copy of its own.
+        (a < b && b == (end - start) as usize).then_some((filled, a..b))
     }
 }
 
