@@ -73,7 +73,12 @@ impl Daemon {
                 }
             }
         });
-        let (rest, (s3, nfs, sftp, smb, fabric)) = rx.recv_timeout(Duration::from_secs(60)).expect("daemon printed its addresses");
+        let Ok((rest, (s3, nfs, sftp, smb, fabric))) = rx.recv_timeout(Duration::from_secs(60)) else {
+            // Stop it before the test's data directory goes, or it writes into a removed tree.
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("daemon did not print its addresses within 60 s");
+        };
         let d = Daemon { child, rest, s3, nfs, sftp, smb, fabric, data_dir: data_dir.to_path_buf() };
         d.wait_healthy();
         d
