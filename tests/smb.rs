@@ -450,3 +450,101 @@ fn hard_links_are_second_names_of_one_file() {
     assert_eq!(rest_get(&d, "links/a.txt").status(), 404);
     assert_eq!(rest_get(&d, "links/b.txt").bytes().unwrap().as_ref(), b"second version, longer", "the other name stays");
 }
+
+/// `smbcacls` (apt `smbclient`) reaches only port 445, so the daemon of this test serves SMB
+/// on port 445 of a loopback address of its own, not 127.0.0.1.
+fn loopback_address_on_445() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let n = std::process::id() ^ nanos;
+    format!("127.{}.{}.{}:445", 1 + n % 250, (n >> 8) % 256, 1 + (n >> 16) % 250)
+}
+
+fn smbcacls(d: &Daemon, user: &str, password: &str, path: &str, args: &[&str]) -> String {
+    let host = d.smb.rsplit_once(':').expect("daemon serves SMB").0;
+    let o = Command::new("smbcacls")
+        .args([&format!("//{host}/aquifer"), path, "-U", &format!("{user}%{password}"), "--numeric"])
+        .args(["-s", "/dev/null", "--option=client use kerberos=off"])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run smbcacls ({e}); install the Debian package smbclient (scripts/deps.sh does)"));
+    text(&o)
+}
+
+/// Mode, uid and gid of `path` as the engine has them (REST file headers).
+fn mode_uid_gid(d: &Daemon, path: &str) -> (String, u64, u64) {
+    let r = d.client().head(d.url(&format!("/api/v1/files/{path}"))).basic_auth("admin", Some(ADMIN_PASSWORD)).send().unwrap();
+    assert!(r.status().is_success(), "HEAD {path}: {}", r.status());
+    let h = |name: &str| r.headers()[name].to_str().unwrap().to_string();
+    (h("x-aquifer-mode"), h("x-aquifer-uid").parse().unwrap(), h("x-aquifer-gid").parse().unwrap())
+}
+
+/// Security descriptors (QUERY_INFO and SET_INFO SMB2_0_INFO_SECURITY) through `smbcacls`:
+/// the owner, group and mode bits shown as Unix user and group SIDs and a DACL for owner,
+/// group and Everyone; a DACL of that shape set back as mode bits, under the engine's rules
+/// (only the owner or an admin changes the mode, only an admin the owner); a DACL with other
+/// SIDs or an owner that is no Unix user changes nothing.
+#[test]
+fn smbcacls_shows_and_sets_owner_group_and_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = loopback_address_on_445();
+    let d = Daemon::start(&dir.path().join("data"), &["--drive-size", "64MiB", "--smb", &addr]);
+    let c = d.client();
+    let r = c.put(d.url("/api/v1/files/acl.txt")).basic_auth("admin", Some(ADMIN_PASSWORD)).body("some text").send().unwrap();
+    assert!(r.status().is_success(), "PUT acl.txt: {}", r.status());
+    let r = c
+        .post(d.url("/api/v1/users"))
+        .basic_auth("admin", Some(ADMIN_PASSWORD))
+        .json(&serde_json::json!({"name": "alice", "password": "alice-password-1"}))
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "create alice: {}", r.status());
+    let alice = c.get(d.url("/api/v1/users/alice")).basic_auth("admin", Some(ADMIN_PASSWORD)).send().unwrap().json::<serde_json::Value>().unwrap()["uid"].as_u64().unwrap();
+    account_sync();
+    let admin = |args: &[&str]| smbcacls(&d, "admin", ADMIN_PASSWORD, "acl.txt", args);
+
+    // rw-r--r-- as Samba shows it: owner FILE_GENERIC_READ|WRITE and DELETE, the others
+    // FILE_GENERIC_READ.
+    assert_eq!(mode_uid_gid(&d, "acl.txt"), ("0644".to_string(), 0, 0));
+    let t = admin(&[]);
+    for line in [
+        "OWNER:S-1-22-1-0",
+        "GROUP:S-1-22-2-0",
+        "ACL:S-1-22-1-0:0/0x0/0x0013019f",
+        "ACL:S-1-22-2-0:0/0x0/0x00120089",
+        "ACL:S-1-1-0:0/0x0/0x00120089",
+    ] {
+        assert!(t.lines().any(|l| l == line), "{line} in:\n{t}");
+    }
+    assert_eq!(t.lines().filter(|l| l.starts_with("ACL:")).count(), 3, "{t}");
+
+    // Alice may read the file but not change its DACL.
+    let t = smbcacls(&d, "alice", "alice-password-1", "acl.txt", &["--modify", "ACL:S-1-1-0:ALLOWED/0x0/FULL"]);
+    assert!(t.contains("NT_STATUS_ACCESS_DENIED"), "{t}");
+    assert_eq!(mode_uid_gid(&d, "acl.txt").0, "0644");
+
+    // The admin sets a DACL of the three ACEs (READ is smbcacls' read and execute).
+    let t = admin(&["--set", "ACL:S-1-22-1-0:ALLOWED/0x0/FULL,ACL:S-1-22-2-0:ALLOWED/0x0/READ,ACL:S-1-1-0:ALLOWED/0x0/0x0"]);
+    assert!(!t.contains("NT_STATUS_"), "{t}");
+    assert_eq!(mode_uid_gid(&d, "acl.txt").0, "0750");
+    assert!(admin(&[]).lines().any(|l| l == "ACL:S-1-22-2-0:0/0x0/0x001200a9"));
+    // An ACE for another SID has no mode bits: refused, nothing changes.
+    let t = admin(&["--add", "ACL:S-1-5-11:ALLOWED/0x0/READ"]);
+    assert!(t.contains("NT_STATUS_NOT_SUPPORTED"), "{t}");
+    assert_eq!(mode_uid_gid(&d, "acl.txt").0, "0750");
+    // An owner that is not a Unix user SID.
+    let t = admin(&["--chown", "S-1-1-0"]);
+    assert!(t.contains("NT_STATUS_INVALID_OWNER"), "{t}");
+
+    // The admin gives the file to alice, who then sets its mode herself.
+    let t = admin(&["--chown", &format!("S-1-22-1-{alice}")]);
+    assert!(!t.contains("NT_STATUS_"), "{t}");
+    assert_eq!(mode_uid_gid(&d, "acl.txt"), ("0750".to_string(), alice, 0));
+    let t = smbcacls(&d, "alice", "alice-password-1", "acl.txt", &["--modify", "ACL:S-1-1-0:ALLOWED/0x0/READ"]);
+    assert!(!t.contains("NT_STATUS_"), "{t}");
+    assert_eq!(mode_uid_gid(&d, "acl.txt").0, "0755");
+    // But she cannot give it away.
+    let t = smbcacls(&d, "alice", "alice-password-1", "acl.txt", &["--chown", "S-1-22-1-0"]);
+    assert!(t.contains("NT_STATUS_ACCESS_DENIED"), "{t}");
+    assert_eq!(mode_uid_gid(&d, "acl.txt").1, alice);
+    d.stop();
+}

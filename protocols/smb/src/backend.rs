@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use async_trait::async_trait;
 use smb_server::{
     BackendCapabilities, Bytes, DirEntry, FileInfo, FileTimes, Handle, Identity, OpenAction, OpenIntent, OpenOptions,
-    ShareBackend, SmbError, SmbPath, SmbResult, VolumeInfo,
+    ShareBackend, SmbError, SmbPath, SmbResult, UnixSecurity, UnixSecurityChange, VolumeInfo,
 };
 use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, SetAttr, Stability, TimeSet};
 
@@ -642,6 +642,20 @@ impl Handle for EngineHandle {
     async fn dir_is_empty(&self) -> SmbResult<bool> {
         self.with(|e, c, ino| Ok(e.readdir(c, ino, None, 1)?.entries.is_empty())).await
     }
+
+    async fn unix_security(&self) -> SmbResult<UnixSecurity> {
+        let a = self.with(|e, c, ino| e.getattr(c, ino)).await?;
+        Ok(UnixSecurity { uid: a.uid, gid: a.gid, mode: a.mode & 0o7777, is_directory: a.kind == FileKind::Dir })
+    }
+
+    /// One engine setattr, so the owner, group and mode change together or not at all, and
+    /// the engine's rules decide who may: the mode only the owner or an admin, the owner only
+    /// an admin, the group the owner among their own groups.
+    async fn set_unix_security(&self, change: UnixSecurityChange) -> SmbResult<()> {
+        let set = SetAttr { mode: change.mode, uid: change.uid, gid: change.gid, ..Default::default() };
+        self.ahead.lock().await.clear();
+        self.with(move |e, c, ino| e.setattr(c, ino, set)).await.map(|_| ())
+    }
 }
 
 #[cfg(test)]
@@ -763,6 +777,38 @@ mod tests {
         }
         assert_eq!(&h.read(24 * MIB, MIB as u32).await.unwrap()[..], &content[(24 * MIB) as usize..]);
         drop(h);
+        engine.shutdown().unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn owner_group_and_mode_change_under_the_engine_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 64 << 20, 4, 2)).unwrap();
+        let sys = Caller::system();
+        let f = engine.create(&sys, storage_engine::ROOT_INO, b"f", 0o4640, true).unwrap();
+        engine.setattr(&sys, f.ino, SetAttr { uid: Some(1000), gid: Some(100), ..Default::default() }).unwrap();
+        let budget = Arc::new(AtomicUsize::new(0));
+        let mut owner = handle(&engine, f.ino, &budget);
+        owner.caller = Caller { user: "u".into(), uid: 1000, gid: 100, groups: vec![], role: storage_engine::Role::User };
+        let now = owner.unix_security().await.unwrap();
+        assert_eq!((now.uid, now.gid, now.mode & 0o777, now.is_directory), (1000, 100, 0o640, false));
+        // The owner changes the mode.
+        owner.set_unix_security(UnixSecurityChange { mode: Some(0o600), ..Default::default() }).await.unwrap();
+        assert_eq!(engine.getattr(&sys, f.ino).unwrap().mode & 0o7777, 0o600);
+        // Another user changes nothing, and a change of owner needs an admin: refused whole.
+        let mut other = handle(&engine, f.ino, &budget);
+        other.caller = Caller { user: "o".into(), uid: 1001, gid: 100, groups: vec![], role: storage_engine::Role::User };
+        let chmod = UnixSecurityChange { mode: Some(0o777), ..Default::default() };
+        assert!(matches!(other.set_unix_security(chmod).await, Err(SmbError::AccessDenied)));
+        let chown = UnixSecurityChange { uid: Some(1001), mode: Some(0o644), ..Default::default() };
+        assert!(matches!(owner.set_unix_security(chown).await, Err(SmbError::AccessDenied)));
+        let a = engine.getattr(&sys, f.ino).unwrap();
+        assert_eq!((a.uid, a.mode & 0o7777), (1000, 0o600));
+        // An admin gives the file away.
+        let admin = handle(&engine, f.ino, &budget);
+        admin.set_unix_security(UnixSecurityChange { uid: Some(1001), gid: Some(7), ..Default::default() }).await.unwrap();
+        let a = engine.getattr(&sys, f.ino).unwrap();
+        assert_eq!((a.uid, a.gid), (1001, 7));
         engine.shutdown().unwrap();
     }
 

@@ -172,6 +172,30 @@ impl FileInfo {
     }
 }
 
+/// POSIX owner, group and mode of a file, from which QUERY_INFO builds its
+/// security descriptor (Aquifer patch; see [`Handle::unix_security`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnixSecurity {
+    pub uid: u32,
+    pub gid: u32,
+    /// Permission bits, with setuid, setgid and sticky (0o7777); other bits
+    /// are ignored.
+    pub mode: u32,
+    pub is_directory: bool,
+}
+
+/// What a SET_INFO of a security descriptor changes (Aquifer patch; see
+/// [`Handle::set_unix_security`]). `None` leaves a field as it is; at least
+/// one field is set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnixSecurityChange {
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// The whole new mode (0o7777): the permission bits a DACL maps to,
+    /// with the file's setuid, setgid and sticky bits kept.
+    pub mode: Option<u32>,
+}
+
 /// One entry of a directory listing.
 #[derive(Debug, Clone)]
 pub struct DirEntry {
@@ -351,6 +375,24 @@ pub trait Handle: Send + Sync {
     /// connection teardown. The default, `None`, leaves it to the closing request's.
     fn opened_by(&self) -> Option<crate::Identity> {
         None
+    }
+
+    /// The file's POSIX owner, group and mode (Aquifer patch). QUERY_INFO
+    /// with SMB2_0_INFO_SECURITY describes them as a security descriptor with
+    /// Unix user and group SIDs and a DACL for owner, group and Everyone. The
+    /// default, [`SmbError::NotSupported`], answers every security query
+    /// STATUS_INVALID_DEVICE_REQUEST, as a store without descriptors does.
+    async fn unix_security(&self) -> SmbResult<UnixSecurity> {
+        Err(SmbError::NotSupported)
+    }
+
+    /// Applies a SET_INFO of a security descriptor mapped to a new owner,
+    /// group or mode (Aquifer patch), all or nothing. The backend decides
+    /// who may change what (for POSIX: the mode only by the owner or an
+    /// administrator, the owner only by an administrator). The default
+    /// refuses with [`SmbError::NotSupported`].
+    async fn set_unix_security(&self, _change: UnixSecurityChange) -> SmbResult<()> {
+        Err(SmbError::NotSupported)
     }
 
     /// Number of hard links to the file, reported as NumberOfLinks by

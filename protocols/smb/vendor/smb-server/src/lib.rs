@@ -330,6 +330,7 @@ mod path;
 mod proto;
 mod request_identity;
 mod rpc;
+mod security;
 mod server;
 #[cfg(test)]
 mod tests {
@@ -349,7 +350,8 @@ mod wildcard;
 
 pub use backend::{
     BackendCapabilities, DirChange, DirChangeKind, DirEntry, DirWatch, FileInfo, FileTimes, Handle,
-    OpenAction, OpenIntent, OpenOptions, ShareBackend, VolumeInfo,
+    OpenAction, OpenIntent, OpenOptions, ShareBackend, UnixSecurity, UnixSecurityChange,
+    VolumeInfo,
 };
 pub use builder::{Access, BuildError, Share, SmbServerBuilder};
 pub use bytes::Bytes;

@@ -5,11 +5,14 @@ use std::sync::Arc;
 use crate::proto::header::Smb2Header;
 use crate::proto::messages::{Dialect, InfoType, QueryInfoRequest, QueryInfoResponse};
 
+use crate::access_mask::READ_CONTROL;
 use crate::conn::state::{Connection, Open};
 use crate::dispatch::HandlerResponse;
+use crate::error::SmbError;
 use crate::handlers::shared::{lookup_open, lookup_session_tree};
 use crate::info_class as ic;
 use crate::ntstatus;
+use crate::security;
 use crate::server::{ServerState, ShareBindings};
 
 const FILE_DEVICE_DISK: u32 = 0x0000_0007;
@@ -72,8 +75,12 @@ pub async fn handle(
             let share = Arc::clone(&tree_arc.read().await.share);
             query_filesystem(&open, &share, req.file_information_class, cap).await
         }
-        // MS-FSA 2.1.5.14: the store keeps no security descriptors.
-        InfoType::Security => Err(ntstatus::STATUS_INVALID_DEVICE_REQUEST),
+        InfoType::Security => match query_security(&open, req.additional_information).await {
+            // MS-SMB2 3.3.5.20.3: the size needed, in a 4-byte ErrorData.
+            Ok(sd) if sd.len() > cap => return buffer_too_small(sd.len()),
+            Ok(sd) => Ok((sd, Overflow::Never)),
+            Err(status) => Err(status),
+        },
         InfoType::Quota => Err(ntstatus::STATUS_NOT_SUPPORTED),
     };
     drop(open);
@@ -123,6 +130,54 @@ pub(super) fn info_length_mismatch(smb311: bool) -> HandlerResponse {
         response.body = body;
     }
     response
+}
+
+/// STATUS_BUFFER_TOO_SMALL with the `needed` length as ErrorData, as
+/// Windows and Samba answer a security query with too small a buffer
+/// (MS-SMB2 2.2.2: ByteCount 4, no error context).
+fn buffer_too_small(needed: usize) -> HandlerResponse {
+    let mut response = HandlerResponse::err(ntstatus::STATUS_BUFFER_TOO_SMALL);
+    let mut body = Vec::with_capacity(12);
+    body.extend_from_slice(&9u16.to_le_bytes());
+    body.push(0);
+    body.push(0);
+    body.extend_from_slice(&4u32.to_le_bytes());
+    body.extend_from_slice(&(needed as u32).to_le_bytes());
+    response.body = body;
+    response
+}
+
+/// SMB2_0_INFO_SECURITY (MS-SMB2 3.3.5.20.3, MS-FSA 2.1.5.13; Aquifer
+/// patch): the self-relative security descriptor of the open's file, with
+/// the parts AdditionalInformation asks for, built from its POSIX owner,
+/// group and mode.
+async fn query_security(open: &Open, additional_information: u32) -> Result<Vec<u8>, u32> {
+    let wanted = additional_information
+        & (security::OWNER_SECURITY_INFORMATION
+            | security::GROUP_SECURITY_INFORMATION
+            | security::DACL_SECURITY_INFORMATION
+            | security::SACL_SECURITY_INFORMATION);
+    let plain = security::OWNER_SECURITY_INFORMATION
+        | security::GROUP_SECURITY_INFORMATION
+        | security::DACL_SECURITY_INFORMATION;
+    if wanted & plain != 0 && open.granted_access & READ_CONTROL == 0 {
+        return Err(ntstatus::STATUS_ACCESS_DENIED);
+    }
+    // No open is granted ACCESS_SYSTEM_SECURITY, so the SACL is refused as
+    // Windows refuses it without the privilege.
+    if wanted & security::SACL_SECURITY_INFORMATION != 0
+        && open.granted_access & security::ACCESS_SYSTEM_SECURITY == 0
+    {
+        return Err(ntstatus::STATUS_ACCESS_DENIED);
+    }
+    let handle = open.handle.as_ref().ok_or(ntstatus::STATUS_FILE_CLOSED)?;
+    let unix = match handle.unix_security().await {
+        Ok(unix) => unix,
+        // MS-FSA 2.1.5.13: the store keeps no security descriptors.
+        Err(SmbError::NotSupported) => return Err(ntstatus::STATUS_INVALID_DEVICE_REQUEST),
+        Err(e) => return Err(e.to_nt_status()),
+    };
+    Ok(security::describe(&unix, wanted).encode())
 }
 
 /// A reply and how to cut it down when it is longer than OutputBufferLength.

@@ -9,7 +9,7 @@ use crate::proto::messages::{InfoType, SetInfoRequest, SetInfoResponse};
 use crate::access_mask::{DELETE, FILE_WRITE_ATTRIBUTES, FILE_WRITE_DATA};
 use crate::backend::{
     FILE_ATTRIBUTE_DIRECTORY, FILE_ATTRIBUTE_TEMPORARY, FileInfo, FileTimes, OpenOptions,
-    ShareBackend, VALID_SET_ATTRIBUTES,
+    ShareBackend, UnixSecurityChange, VALID_SET_ATTRIBUTES,
 };
 use crate::conn::pending::{Stop, stopped};
 use crate::conn::state::{Connection, Open};
@@ -27,6 +27,7 @@ use crate::proto::messages::change_notify::{
     FILE_NOTIFY_CHANGE_DIR_NAME, FILE_NOTIFY_CHANGE_FILE_NAME, FILE_NOTIFY_CHANGE_LAST_ACCESS,
     FILE_NOTIFY_CHANGE_LAST_WRITE,
 };
+use crate::security;
 use crate::server::{ServerState, ShareBindings};
 use crate::utils::utf16le_to_units;
 use tokio::sync::RwLock;
@@ -87,6 +88,15 @@ async fn set(
         Some(t) => t,
         None => return Ok(HandlerResponse::err(ntstatus::STATUS_INVALID_INFO_CLASS)),
     };
+    if matches!(info_type, InfoType::Security) {
+        let open = open_arc.read().await;
+        return Ok(
+            match set_security(&open, req.additional_information, &req.buffer).await {
+                Ok(()) => set_info_ok(),
+                Err(status) => HandlerResponse::err(status),
+            },
+        );
+    }
     if !matches!(info_type, InfoType::File) {
         return Ok(HandlerResponse::err(ntstatus::STATUS_NOT_SUPPORTED));
     }
@@ -360,6 +370,38 @@ fn wait_for_rename(
         op,
         work: Box::pin(work),
     })
+}
+
+/// SMB2_0_INFO_SECURITY (MS-SMB2 3.3.5.21.3, MS-FSA 2.1.5.16; Aquifer
+/// patch): the descriptor's owner, group and DACL, mapped to a POSIX owner,
+/// group and mode, are applied together or not at all. A descriptor that
+/// does not parse is STATUS_INVALID_PARAMETER, a DACL with no mode to map
+/// to STATUS_NOT_SUPPORTED; the backend decides who may change what.
+async fn set_security(open: &Open, info: u32, buffer: &[u8]) -> Result<(), u32> {
+    let mut required = 0;
+    if info & (security::OWNER_SECURITY_INFORMATION | security::GROUP_SECURITY_INFORMATION) != 0 {
+        required |= security::WRITE_OWNER;
+    }
+    if info & security::DACL_SECURITY_INFORMATION != 0 {
+        required |= security::WRITE_DAC;
+    }
+    if info & security::SACL_SECURITY_INFORMATION != 0 {
+        required |= security::ACCESS_SYSTEM_SECURITY;
+    }
+    if open.granted_access & required != required {
+        return Err(ntstatus::STATUS_ACCESS_DENIED);
+    }
+    let sd = security::SecurityDescriptor::parse(buffer).map_err(|e| e.status())?;
+    let handle = open.handle.as_ref().ok_or(ntstatus::STATUS_FILE_CLOSED)?;
+    let current = handle.unix_security().await.map_err(|e| e.to_nt_status())?;
+    let change = security::change_for(&current, &sd, info).map_err(|e| e.status())?;
+    if change == UnixSecurityChange::default() {
+        return Ok(());
+    }
+    handle
+        .set_unix_security(change)
+        .await
+        .map_err(|e| e.to_nt_status())
 }
 
 fn set_info_ok() -> HandlerResponse {
