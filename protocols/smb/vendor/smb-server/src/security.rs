@@ -18,7 +18,8 @@ use crate::access_mask::{
     FILE_GENERIC_READ, FILE_GENERIC_WRITE, FILE_READ_DATA, FILE_WRITE_DATA, GENERIC_ALL,
     GENERIC_EXECUTE, GENERIC_READ, GENERIC_WRITE,
 };
-use crate::backend::{UnixSecurity, UnixSecurityChange};
+use crate::backend::{Handle, UnixSecurity, UnixSecurityChange};
+use crate::error::SmbError;
 use crate::ntstatus;
 
 /// AdditionalInformation bits (MS-DTYP 2.4.7) this server answers.
@@ -528,6 +529,44 @@ pub fn change_for(
         change.gid = Some(gid);
     }
     Ok(change)
+}
+
+/// Applies the parts `info` names of `sd` to the file of `handle`: nothing
+/// when they change nothing, otherwise one backend call, so nothing is
+/// applied when any part is refused. A backend without owners and modes is
+/// STATUS_INVALID_DEVICE_REQUEST (MS-FSA 2.1.5.16: the store keeps no
+/// security descriptors).
+pub async fn apply(handle: &dyn Handle, sd: &SecurityDescriptor, info: u32) -> Result<(), u32> {
+    let current = match handle.unix_security().await {
+        Ok(current) => current,
+        Err(SmbError::NotSupported) => return Err(ntstatus::STATUS_INVALID_DEVICE_REQUEST),
+        Err(e) => return Err(e.to_nt_status()),
+    };
+    let change = change_for(&current, sd, info).map_err(SdError::status)?;
+    if change == UnixSecurityChange::default() {
+        return Ok(());
+    }
+    handle
+        .set_unix_security(change)
+        .await
+        .map_err(|e| e.to_nt_status())
+}
+
+/// The parts a descriptor sent with a CREATE (SMB2_CREATE_SD_BUFFER) sets:
+/// those it has. Without a DACL the new file keeps the mode it was created
+/// with.
+pub fn parts_present(sd: &SecurityDescriptor) -> u32 {
+    let mut info = 0;
+    if sd.owner.is_some() {
+        info |= OWNER_SECURITY_INFORMATION;
+    }
+    if sd.group.is_some() {
+        info |= GROUP_SECURITY_INFORMATION;
+    }
+    if sd.dacl_present {
+        info |= DACL_SECURITY_INFORMATION;
+    }
+    info
 }
 
 #[cfg(test)]

@@ -40,6 +40,7 @@ use crate::handlers::{Outcome, Pending};
 use crate::info_class::VOLUME_SERIAL_NUMBER;
 use crate::ntstatus;
 use crate::path::SmbPath;
+use crate::security::{self, SecurityDescriptor};
 use crate::proto::auth::ntlm::Identity;
 use crate::server::{ServerState, ShareBindings};
 use crate::utils::utf16le_to_units;
@@ -122,6 +123,9 @@ pub(super) struct ContextQueries {
     /// Data of a lease request.
     lease: Option<Vec<u8>>,
     durable: DurableAsk,
+    /// The security descriptor a new file takes (SMB2_CREATE_SD_BUFFER,
+    /// MS-SMB2 3.3.5.9; Aquifer patch).
+    security: Option<SecurityDescriptor>,
 }
 
 /// The durable handle a CREATE asks for.
@@ -207,6 +211,10 @@ impl ContextQueries {
             timewarp: find(CreateContext::NAME_TWRP).is_some(),
             lease: find(CreateContext::NAME_RQLS).map(|c| c.data.clone()),
             durable: durable_ask(&contexts, dialect).ok()?,
+            security: match find(CreateContext::NAME_SECD) {
+                Some(c) => Some(SecurityDescriptor::parse(&c.data).ok()?),
+                None => None,
+            },
         })
     }
 
@@ -821,6 +829,22 @@ async fn attempt(
             Err(e) => return open_failed(e),
         },
     };
+
+    // A file this CREATE made takes the descriptor sent with it (Aquifer
+    // patch), or the CREATE fails and the file goes, as if never made.
+    if let (OpenAction::Created, Some(sd)) = (action, &args.queries.security) {
+        let parts = security::parts_present(sd);
+        match security::apply(handle.as_ref(), sd, parts).await {
+            // A backend that keeps no owners and modes ignores it.
+            Ok(()) | Err(ntstatus::STATUS_INVALID_DEVICE_REQUEST) => {}
+            Err(status) => {
+                debug!(status, path = %path, "create security descriptor not applied");
+                let _ = handle.close().await;
+                let _ = backend.unlink(path).await;
+                return fail(status);
+            }
+        }
+    }
 
     // Stat for the response.
     let mut info = match handle.stat().await {

@@ -9,7 +9,7 @@ use crate::proto::messages::{InfoType, SetInfoRequest, SetInfoResponse};
 use crate::access_mask::{DELETE, FILE_WRITE_ATTRIBUTES, FILE_WRITE_DATA};
 use crate::backend::{
     FILE_ATTRIBUTE_DIRECTORY, FILE_ATTRIBUTE_TEMPORARY, FileInfo, FileTimes, OpenOptions,
-    ShareBackend, UnixSecurityChange, VALID_SET_ATTRIBUTES,
+    ShareBackend, VALID_SET_ATTRIBUTES,
 };
 use crate::conn::pending::{Stop, stopped};
 use crate::conn::state::{Connection, Open};
@@ -393,15 +393,7 @@ async fn set_security(open: &Open, info: u32, buffer: &[u8]) -> Result<(), u32> 
     }
     let sd = security::SecurityDescriptor::parse(buffer).map_err(|e| e.status())?;
     let handle = open.handle.as_ref().ok_or(ntstatus::STATUS_FILE_CLOSED)?;
-    let current = handle.unix_security().await.map_err(|e| e.to_nt_status())?;
-    let change = security::change_for(&current, &sd, info).map_err(|e| e.status())?;
-    if change == UnixSecurityChange::default() {
-        return Ok(());
-    }
-    handle
-        .set_unix_security(change)
-        .await
-        .map_err(|e| e.to_nt_status())
+    security::apply(handle.as_ref(), &sd, info).await
 }
 
 fn set_info_ok() -> HandlerResponse {
