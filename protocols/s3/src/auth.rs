@@ -422,7 +422,7 @@ enum Level {
 fn acl_need(op: &str) -> Option<(Level, Perm)> {
     Some(match op {
         "ListObjects" | "ListObjectsV2" | "ListObjectVersions" | "HeadBucket" | "ListMultipartUploads" | "GetBucketLocation" => (Level::Bucket, Perm::Read),
-        "PutObject" | "CopyObject" | "CreateMultipartUpload" | "UploadPart" | "UploadPartCopy" | "CompleteMultipartUpload" | "AbortMultipartUpload"
+        "PutObject" | "PostObject" | "CopyObject" | "CreateMultipartUpload" | "UploadPart" | "UploadPartCopy" | "CompleteMultipartUpload" | "AbortMultipartUpload"
         | "ListParts" | "DeleteObject" | "DeleteObjects" => (Level::Bucket, Perm::Write),
         "GetBucketAcl" => (Level::Bucket, Perm::ReadAcp),
         "PutBucketAcl" => (Level::Bucket, Perm::WriteAcp),

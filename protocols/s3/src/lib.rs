@@ -7,7 +7,9 @@
 //! runs as that key's user, so the engine checks every permission. A bucket policy (see
 //! `policy`) can deny a request, or allow it with the bucket owner's permissions. Anonymous
 //! requests no policy allows are refused unless the bucket is marked public-read (see
-//! [`meta`]), and then only reads.
+//! [`meta`]), and then only reads. An ACL beyond private/public-read (see `acl`) is stored
+//! with its bucket or object and decides requests to it the same way: a grant runs the
+//! request with the owner's permissions.
 //!
 //! Bodies stream: uploads go to the engine in [`PUT_CHUNK_BYTES`] pieces, downloads come
 //! from it in [`READ_PIECE_BYTES_MAX`] pieces, so memory per request does not grow with the

@@ -49,9 +49,10 @@ const ACCESS_READ: u32 = 4;
 /// Objects in one DeleteObjects request (as S3).
 const DELETE_OBJECTS_MAX: usize = 1000;
 
-/// A canned ACL becomes the object's mode, which the engine enforces for every protocol:
-/// `private` is owner-only, so anonymous readers of a public-read bucket and other users are
-/// refused. Other canned ACLs are refused rather than ignored.
+/// The canned ACL of a multipart upload becomes the completed object's mode, which the
+/// engine enforces for every protocol: `private` is owner-only, so anonymous readers of a
+/// public-read bucket and other users are refused. Canned ACLs that need a stored ACL (see
+/// `acl`) are refused rather than ignored: an upload carries only a mode to completion.
 fn object_mode(acl: Option<&ObjectCannedACL>) -> S3Result<u32> {
     match acl.map(|a| a.as_str()) {
         None | Some(ObjectCannedACL::PUBLIC_READ) => Ok(FILE_MODE),
@@ -1352,6 +1353,10 @@ impl S3 for AquiferS3 {
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
         let caller = self.caller(&req)?;
         let writer = req.extensions.get::<AclWriter>().map(|w| w.0);
+        let grant_write_header = match req.headers.get("x-amz-grant-write") {
+            Some(v) => Some(v.to_str().map_err(|_| err(S3ErrorCode::InvalidArgument, "x-amz-grant-write is not ASCII"))?.to_string()),
+            None => None,
+        };
         let trailers = req.trailing_headers.clone();
         let input = req.input;
         if input.write_offset_bytes.is_some() {
@@ -1376,7 +1381,9 @@ impl S3 for AquiferS3 {
         let canned = input.acl.as_ref().map(|a| a.as_str().to_string());
         let headers = GrantHeaders {
             read: input.grant_read.clone(),
-            write: None,
+            // Not in S3's PutObject model (an object's WRITE grant gives nothing), but sent by
+            // clients that copy all five headers; kept so the ACL reads back as sent.
+            write: grant_write_header,
             read_acp: input.grant_read_acp.clone(),
             write_acp: input.grant_write_acp.clone(),
             full_control: input.grant_full_control.clone(),
