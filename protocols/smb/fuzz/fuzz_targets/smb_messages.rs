@@ -7,7 +7,8 @@
 //!   directory: NEGOTIATE, SESSION_SETUP (SPNEGO, NTLM, anonymous logons), TREE_CONNECT and,
 //!   once a session exists, every command;
 //! - above: one parser alone (frame header, SMB2 header, SPNEGO, NTLM, lease and durable
-//!   create contexts, create context chains, DCE/RPC PDUs and associations, srvsvc stubs).
+//!   create contexts, create context chains, DCE/RPC PDUs and associations, security
+//!   descriptors, srvsvc stubs).
 //!
 //!     RUSTC_BOOTSTRAP=1 cargo fuzz run smb_messages seeds -- -max_total_time=240
 #![no_main]
@@ -58,6 +59,7 @@ fuzz_target!(|data: &[u8]| {
         226..=233 => fuzzing::durable_ask(rest),
         234..=241 => fuzzing::rpc_pdu(rest),
         242..=249 => fuzzing::rpc_association(rest),
+        250..=252 => fuzzing::security_descriptor(rest),
         _ => fuzzing::srvsvc_request(rest),
     }
 });

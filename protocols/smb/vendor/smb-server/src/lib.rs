@@ -462,6 +462,24 @@ pub mod fuzzing {
         let _ = crate::rpc::pdu::parse(data);
     }
 
+    /// Parses `data` as the security descriptor of a SET_INFO or a CREATE
+    /// (Aquifer patch): one that parses encodes to bytes that parse to the
+    /// same descriptor, and maps to a change or an error.
+    pub fn security_descriptor(data: &[u8]) {
+        use crate::security::{self, SecurityDescriptor};
+
+        if let Ok(sd) = SecurityDescriptor::parse(data) {
+            assert_eq!(SecurityDescriptor::parse(&sd.encode()), Ok(sd.clone()));
+            let file = crate::backend::UnixSecurity {
+                uid: 1,
+                gid: 2,
+                mode: 0o640,
+                is_directory: false,
+            };
+            let _ = security::change_for(&file, &sd, 0xf);
+        }
+    }
+
     /// Writes `data` to an association in chunks whose size the first
     /// byte picks, answering every call with a fault and with its stub as
     /// a response. Every PDU sent back parses, a response fits in the size
