@@ -735,6 +735,55 @@ mod tests {
         assert_eq!(ip.evaluate(None, "s3:GetObject", "arn:aws:s3:::b/k", &from), Decision::Allow);
     }
 
+    /// Policies come from the network: mutated and truncated documents must parse or be
+    /// refused, never panic, and whatever parses must evaluate without panicking.
+    #[test]
+    fn mutated_policies_never_panic() {
+        let seeds: &[&str] = &[
+            r#"{"Version":"2012-10-17","Statement":[{"Sid":"a","Effect":"Allow","Principal":{"AWS":["*","arn:aws:iam::1:user/alice"]},"Action":["s3:Get*","s3:ListBucket"],"Resource":["arn:aws:s3:::b","arn:aws:s3:::b/*"],"Condition":{"StringLike":{"s3:prefix":["a/*","b?"]},"NumericLessThanEquals":{"s3:max-keys":"10"}}}]}"#,
+            r#"{"Statement":{"Effect":"Deny","NotPrincipal":"*","NotAction":"s3:*","NotResource":"*","Condition":{"IpAddress":{"aws:SourceIp":"10.0.0.0/8"},"DateGreaterThanIfExists":{"aws:CurrentTime":"2020-01-01T00:00:00Z"},"ForAnyValue:StringEquals":{"s3:ExistingObjectTag/k":["v"]},"Null":{"s3:x-amz-acl":"true"},"Bool":{"aws:SecureTransport":"false"},"ArnLike":{"aws:SourceArn":"arn:*"}}}}"#,
+        ];
+        let tokens: &[&[u8]] = &[b"{", b"}", b"[", b"]", b"\"", b":", b",", b"*", b"null", b"1e999", b"-", b"\\u0000", b"\xff"];
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut cx = Context::default();
+        cx.set("s3:prefix", "a/b");
+        cx.set("s3:max-keys", "5");
+        cx.set("aws:SourceIp", "10.1.2.3");
+        let mut parsed = 0;
+        for round in 0..20_000u64 {
+            let mut doc = seeds[(round % seeds.len() as u64) as usize].as_bytes().to_vec();
+            for _ in 0..1 + next() % 4 {
+                let at = (next() % (doc.len() as u64 + 1)) as usize;
+                match next() % 4 {
+                    0 => doc.truncate(at),
+                    1 if at < doc.len() => doc[at] = next() as u8,
+                    2 => {
+                        let t = tokens[(next() % tokens.len() as u64) as usize];
+                        doc.splice(at..at, t.iter().copied());
+                    }
+                    _ if at < doc.len() => {
+                        doc.remove(at);
+                    }
+                    _ => {}
+                }
+            }
+            if let Ok(p) = Policy::parse(&doc) {
+                parsed += 1;
+                for action in ["s3:GetObject", "s3:ListBucket", "s3:PutObject"] {
+                    let _ = p.evaluate(Some(&alice()), action, "arn:aws:s3:::b/a/x", &cx);
+                    let _ = p.evaluate(None, action, "arn:aws:s3:::b", &cx);
+                }
+            }
+        }
+        assert!(parsed > 0, "some mutations still parse, so evaluation was exercised");
+    }
+
     #[test]
     fn wildcards() {
         assert!(glob("arn:aws:s3:::b/*", "arn:aws:s3:::b/a/b/c"));
