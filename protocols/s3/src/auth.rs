@@ -357,7 +357,7 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
         }
         if !source_allowed
             && let Some(f) = object_file(engine, sb, sk)
-            && let AclSays::Grant(run_as) = acl_says(engine, me.as_ref(), &f, load_acl(engine, &f), Perm::Read, "source object")?
+            && let AclSays::Grant(run_as) = acl_says(engine, me.as_ref(), &f, load_acl(engine, &f)?, Perm::Read, "source object")?
         {
             source_allowed = true;
             if out.source_grant.is_none() {
@@ -379,7 +379,7 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
         };
         if let Some(f) = file {
             let what = if level == Level::Bucket { "bucket" } else { "object" };
-            match acl_says(engine, me.as_ref(), &f, load_acl(engine, &f), need, what)? {
+            match acl_says(engine, me.as_ref(), &f, load_acl(engine, &f)?, need, what)? {
                 AclSays::Grant(run_as) => {
                     allowed = true;
                     if let Some(c) = &me
@@ -442,13 +442,18 @@ enum AclSays {
 }
 
 /// A bucket's or an object's stored ACL. One that no longer decodes is treated as one
-/// without grants: failing closed, and its owner can still replace it.
-pub(crate) fn load_acl(engine: &Engine, f: &storage_engine::Attr) -> Option<Acl> {
-    let v = engine.getxattr(&Caller::system(), f.ino, XATTR_ACL).ok()?;
-    Some(Acl::decode(&v).unwrap_or_else(|| {
+/// without grants: failing closed, and its owner can still replace it. An engine error
+/// reading it fails the request (it is never taken for "no ACL", which could admit more).
+pub(crate) fn load_acl(engine: &Engine, f: &storage_engine::Attr) -> S3Result<Option<Acl>> {
+    let v = match engine.getxattr(&Caller::system(), f.ino, XATTR_ACL) {
+        Ok(v) => v,
+        Err(Error::NotFound) => return Ok(None),
+        Err(e) => return Err(crate::error::map_err(e, crate::error::Missing::Key)),
+    };
+    Ok(Some(Acl::decode(&v).unwrap_or_else(|| {
         tracing::warn!(ino = f.ino, "stored S3 ACL does not decode; granting nothing");
         Acl { owner: f.uid, grants: vec![] }
-    }))
+    })))
 }
 
 /// Decides a request for `need` on `f` (a bucket directory or an object file) by its ACL.

@@ -1156,7 +1156,7 @@ impl S3 for AquiferS3 {
         let bucket = req.input.bucket;
         let (owner, grants) = blocking(move || {
             let b = owned_bucket(&engine, &caller, &bucket, "ACL")?;
-            let acl = load_acl(&engine, &b).unwrap_or_else(|| Acl::mode_view(b.uid, marked_public_read(&engine, &Caller::system(), b.ino)));
+            let acl = load_acl(&engine, &b)?.unwrap_or_else(|| Acl::mode_view(b.uid, marked_public_read(&engine, &Caller::system(), b.ino)));
             Ok((owner_of(&engine, acl.owner), grants_of(&engine, &acl)))
         })
         .await?;
@@ -1297,7 +1297,7 @@ impl S3 for AquiferS3 {
         let (owner, grants) = blocking(move || {
             let b = bucket_attr(&engine, &caller, &input.bucket)?;
             let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
-            let stored = load_acl(&engine, &a);
+            let stored = load_acl(&engine, &a)?;
             // As in S3, where only the owner holds READ_ACP unless granted (a grant runs the
             // request as the file's owner, see auth.rs).
             let granted = stored.as_ref().is_some_and(|acl| acl.allows(Some(caller.uid), Perm::ReadAcp));
@@ -1336,7 +1336,7 @@ impl S3 for AquiferS3 {
             let b = bucket_attr(&engine, &caller, &input.bucket)?;
             let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
             // The S3 owner stays who it is: the file's owner, or the uploader an ACL names.
-            let owner = load_acl(&engine, &a).map_or(a.uid, |acl| acl.owner);
+            let owner = load_acl(&engine, &a)?.map_or(a.uid, |acl| acl.owner);
             let canned = input.acl.as_ref().map(|a| a.as_str());
             let acl = acl::requested(&engine, canned, input.access_control_policy.as_ref(), &headers, owner, b.uid)?
                 .ok_or_else(|| err(S3ErrorCode::MissingSecurityHeader, "give a canned ACL (x-amz-acl), x-amz-grant-* headers or an AccessControlPolicy body"))?;
