@@ -39,17 +39,36 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for RequestId
         if let Some(ip) = self.peer {
             req.extensions_mut().insert(PeerAddr(ip));
         }
+        let body_may_be_unread = http1_with_body(&req);
         let inner = hyper::service::Service::call(&self.inner, req);
         Box::pin(async move {
             let mut resp = inner.await?;
             let id = new_request_id();
             if resp.status().is_client_error() || resp.status().is_server_error() {
                 tracing::debug!(request_id = %id, %method, %path, status = resp.status().as_u16(), "S3 request failed");
+                if body_may_be_unread {
+                    // Refused before its body was read: after `Expect: 100-continue` the client
+                    // does not send it, so the connection cannot tell where the next request
+                    // starts (hyper would take that request's first bytes for this body).
+                    // Closing it is what S3 does; the client reconnects.
+                    resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+                }
             }
             tag_response(&mut resp, &id);
             Ok(resp)
         })
     }
+}
+
+/// An HTTP/1 request that announces a body (HTTP/2 frames its bodies, so a refused body
+/// cannot be confused with the next request there).
+fn http1_with_body<B>(req: &http::Request<B>) -> bool {
+    if req.version() >= http::Version::HTTP_2 {
+        return false;
+    }
+    let h = req.headers();
+    h.contains_key(http::header::TRANSFER_ENCODING)
+        || h.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()).is_some_and(|n| n > 0)
 }
 
 /// Sixteen upper-case hex digits, as S3's own request ids.
