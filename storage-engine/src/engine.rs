@@ -1023,17 +1023,15 @@ impl Engine {
             let h = std::thread::Builder::new()
                 .name(format!("aquifer-flush-{i}"))
                 .spawn(move || {
-                    loop {
-                        let next = rx.lock().recv_timeout(Duration::from_millis(200));
+                    // The engine holds the sender: when it is dropped, `recv` fails and the
+                    // thread ends. It holds the engine only while it writes a file out, so an
+                    // idle thread never keeps a dropped engine (and its files) alive.
+                    while let Ok(ino) = rx.lock().recv() {
                         let Some(e) = weak.upgrade() else { return };
                         if e.closed.load(Ordering::Acquire) {
                             return;
                         }
-                        match next {
-                            Ok(ino) => e.background_flush(ino),
-                            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
-                        }
+                        e.background_flush(ino);
                     }
                 })
                 .expect("spawn flush thread");
