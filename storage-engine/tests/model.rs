@@ -41,10 +41,11 @@ fn parent(p: &str) -> &str {
     }
 }
 
+/// Fields drop in order: the engine closes before its directory is removed.
 struct Harness {
-    dir: tempfile::TempDir,
     engine: Option<Arc<Engine>>,
     faults: Arc<Mutex<Vec<FaultControl>>>,
+    dir: tempfile::TempDir,
 }
 
 impl Harness {
@@ -101,7 +102,7 @@ fn verify(h: &Harness, model: &BTreeMap<String, Node>, seed: u64, step: usize) {
 
 fn run(seed: u64, steps: usize) {
     let mut rng = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
-    let mut h = Harness { dir: tempfile::tempdir().unwrap(), engine: None, faults: Arc::new(Mutex::new(Vec::new())) };
+    let mut h = Harness { engine: None, faults: Arc::new(Mutex::new(Vec::new())), dir: tempfile::tempdir().unwrap() };
     h.open();
     let mut model: BTreeMap<String, Node> = BTreeMap::new();
     let c = root();
