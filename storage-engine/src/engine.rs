@@ -1869,7 +1869,9 @@ impl Engine {
                 return Err(Error::Io(format!("an earlier write-out of this file failed: {msg}")));
             }
             let after = b.bytes() + data.len();
-            if !may_wait && after >= max && (self.cfg.write_flush_threads == 0 || (b.flush_pending && after >= 2 * max)) {
+            // Without waiting: no flush by this writer (no flush threads), and never as much as
+            // the writers' limit below, whether or not a flush is pending yet.
+            if !may_wait && after >= max && (self.cfg.write_flush_threads == 0 || after >= 2 * max) {
                 return Ok(false);
             }
             if b.is_empty() {

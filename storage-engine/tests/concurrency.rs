@@ -139,3 +139,23 @@ fn a_write_that_would_wait_is_refused_by_try_write_buffered_and_changes_nothing(
     assert!(matches!(e.try_write_buffered(&bob, f.ino, 0, b"x"), Err(Error::PermissionDenied)));
     assert!(matches!(e.try_write_buffered(&c, f.ino, FILE_BYTES_MAX, b"x"), Err(Error::FileTooLarge)));
 }
+
+#[test]
+fn try_write_buffered_never_reaches_the_writers_wait() {
+    // With flush threads, a write that would leave twice the buffer limit buffered is where
+    // `write` waits for room: refused, nothing added, whether or not a flush is under way.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.write_flush_threads = 1;
+    let e = Engine::open(cfg).unwrap();
+    let c = root();
+    let f = e.create(&c, ROOT_INO, b"f", 0o644, true).unwrap();
+    let big = bytes(3, 600 * 1024); // more than 2 × 256 KiB
+    assert!(!e.try_write_buffered(&c, f.ino, 0, &big).unwrap());
+    assert_eq!(e.getattr(&c, f.ino).unwrap().size, 0);
+    // Between the limit and twice it: added, and written out in the background.
+    let mid = bytes(4, 300 * 1024);
+    assert!(e.try_write_buffered(&c, f.ino, 0, &mid).unwrap());
+    e.close(&c, f.ino).unwrap();
+    assert!(e.read(&c, f.ino, 0, 1 << 20).unwrap() == mid);
+}
