@@ -77,6 +77,18 @@ fn put_get_round_trip(d: &Daemon, encrypt: bool, work: &Path) {
     assert_eq!(rest_get(d, tag).status(), 404, "{tag}: rmdir removed it");
 }
 
+/// Creates an account through the REST API as the admin.
+fn create_user(d: &Daemon, name: &str, password: &str) {
+    let r = d
+        .client()
+        .post(d.url("/api/v1/users"))
+        .basic_auth("admin", Some(ADMIN_PASSWORD))
+        .json(&serde_json::json!({"name": name, "password": password}))
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "create {name}: {}", r.status());
+}
+
 #[test]
 fn smbclient_file_operations_with_and_without_encryption() {
     let dir = tempfile::tempdir().unwrap();
@@ -198,13 +210,7 @@ fn accounts_log_in_with_their_password_and_act_with_their_permissions() {
     let work = tempfile::tempdir().unwrap();
     let d = Daemon::start(&dir.path().join("data"), &["--drive-size", "64MiB"]);
     let c = d.client();
-    let r = c
-        .post(d.url("/api/v1/users"))
-        .basic_auth("admin", Some(ADMIN_PASSWORD))
-        .json(&serde_json::json!({"name": "alice", "password": "alice-password-1"}))
-        .send()
-        .unwrap();
-    assert!(r.status().is_success(), "create alice: {}", r.status());
+    create_user(&d, "alice", "alice-password-1");
     account_sync();
     // A home for alice, owned by her; the root stays admin's.
     let local = work.path().join("a.txt");
@@ -491,13 +497,7 @@ fn smbcacls_shows_and_sets_owner_group_and_mode() {
     let c = d.client();
     let r = c.put(d.url("/api/v1/files/acl.txt")).basic_auth("admin", Some(ADMIN_PASSWORD)).body("some text").send().unwrap();
     assert!(r.status().is_success(), "PUT acl.txt: {}", r.status());
-    let r = c
-        .post(d.url("/api/v1/users"))
-        .basic_auth("admin", Some(ADMIN_PASSWORD))
-        .json(&serde_json::json!({"name": "alice", "password": "alice-password-1"}))
-        .send()
-        .unwrap();
-    assert!(r.status().is_success(), "create alice: {}", r.status());
+    create_user(&d, "alice", "alice-password-1");
     let alice = c.get(d.url("/api/v1/users/alice")).basic_auth("admin", Some(ADMIN_PASSWORD)).send().unwrap().json::<serde_json::Value>().unwrap()["uid"].as_u64().unwrap();
     account_sync();
     let admin = |args: &[&str]| smbcacls(&d, "admin", ADMIN_PASSWORD, "acl.txt", args);

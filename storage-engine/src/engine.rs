@@ -1714,21 +1714,21 @@ impl Engine {
     }
 
     pub fn link(&self, caller: &Caller, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
-        self.remote_refuse(caller, ino, "link")?;
-        self.remote_refuse(caller, parent, "link")?;
-        self.flush(ino, false)?;
-        let cmd = Command::Link { caller: caller.clone(), ino, parent, name: name.to_vec(), replace: false, now: self.now() };
-        Ok(self.execute(cmd, false)?.expect("link returns attributes"))
+        self.link_as(caller, ino, parent, name, false)
     }
 
     /// Like `link`, but a file already named `name` is replaced in the same step (as rename
     /// replaces its target): a crash leaves the old file or the new link, never neither.
     /// Linking a file to a name it already has changes nothing.
     pub fn link_replacing(&self, caller: &Caller, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+        self.link_as(caller, ino, parent, name, true)
+    }
+
+    fn link_as(&self, caller: &Caller, ino: Ino, parent: Ino, name: &[u8], replace: bool) -> Result<Attr> {
         self.remote_refuse(caller, ino, "link")?;
         self.remote_refuse(caller, parent, "link")?;
         self.flush(ino, false)?;
-        let cmd = Command::Link { caller: caller.clone(), ino, parent, name: name.to_vec(), replace: true, now: self.now() };
+        let cmd = Command::Link { caller: caller.clone(), ino, parent, name: name.to_vec(), replace, now: self.now() };
         Ok(self.execute(cmd, false)?.expect("link returns attributes"))
     }
 

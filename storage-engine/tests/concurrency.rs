@@ -45,6 +45,13 @@ fn concurrent_writers_and_flushes_of_one_file_lose_nothing() {
     assert!(first_bad.is_none(), "bytes differ from offset {first_bad:?}");
 }
 
+/// An engine of the test geometry with `threads` flush threads.
+fn with_flush_threads(dir: &std::path::Path, threads: usize) -> Arc<Engine> {
+    let mut cfg = config(dir);
+    cfg.write_flush_threads = threads;
+    Engine::open(cfg).unwrap()
+}
+
 /// Fills `len` bytes at `off` with the round number, one write per 48 KiB.
 fn write_round(e: &Engine, c: &Caller, ino: Ino, len: usize, round: u8) {
     let piece = vec![round; 48 * 1024];
@@ -60,9 +67,7 @@ fn write_round(e: &Engine, c: &Caller, ino: Ino, len: usize, round: u8) {
 fn background_write_out_keeps_bytes_readable_and_in_order() {
     // One flush thread and a small buffer: write-outs run behind the writer most of the time.
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(dir.path());
-    cfg.write_flush_threads = 1;
-    let e = Engine::open(cfg).unwrap();
+    let e = with_flush_threads(dir.path(), 1);
     let c = root();
     let f = e.create(&c, ROOT_INO, b"rounds", 0o644, true).unwrap();
     let len = 1_500_000;
@@ -114,9 +119,7 @@ fn a_write_that_would_wait_is_refused_by_try_write_buffered_and_changes_nothing(
     // No flush threads: a write that fills the buffer must write stripes itself, which an
     // event-loop caller must not do.
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(dir.path());
-    cfg.write_flush_threads = 0;
-    let e = Engine::open(cfg).unwrap();
+    let e = with_flush_threads(dir.path(), 0);
     let c = root();
     let f = e.create(&c, ROOT_INO, b"f", 0o644, true).unwrap();
     let piece = bytes(9, 100 * 1024);
@@ -145,9 +148,7 @@ fn try_write_buffered_never_reaches_the_writers_wait() {
     // With flush threads, a write that would leave twice the buffer limit buffered is where
     // `write` waits for room: refused, nothing added, whether or not a flush is under way.
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(dir.path());
-    cfg.write_flush_threads = 1;
-    let e = Engine::open(cfg).unwrap();
+    let e = with_flush_threads(dir.path(), 1);
     let c = root();
     let f = e.create(&c, ROOT_INO, b"f", 0o644, true).unwrap();
     let big = bytes(3, 600 * 1024); // more than 2 × 256 KiB

@@ -133,21 +133,25 @@ fn faulty_config(dir: &std::path::Path, ctl: Arc<parking_lot::Mutex<Vec<FaultCon
     cfg
 }
 
-#[test]
-fn write_errors_leave_old_data_and_no_leaked_space() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        // Format first, without faults.
-        let e = open(dir.path());
-        e.shutdown().unwrap();
-    }
+/// An engine on `dir` (formatted without faults) whose drives faults can be injected into,
+/// holding `/f` (250,000 bytes, synced): the engine, the drives' fault controls, `/f`'s
+/// inode and bytes, and each drive's used bytes.
+fn faulty_engine_with_a_file(dir: &std::path::Path) -> (Arc<Engine>, Arc<parking_lot::Mutex<Vec<FaultControl>>>, u64, Vec<u8>, Vec<u64>) {
+    open(dir).shutdown().unwrap();
     let ctl = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let e = Engine::open(faulty_config(dir.path(), ctl.clone())).unwrap();
-    let c = root();
+    let e = Engine::open(faulty_config(dir, ctl.clone())).unwrap();
     let old = bytes(1, 250_000);
     let ino = put(&e, "/f", &old);
     e.sync_metadata().unwrap();
-    let used: Vec<u64> = e.drives().iter().map(|d| d.used_bytes).collect();
+    let used = e.drives().iter().map(|d| d.used_bytes).collect();
+    (e, ctl, ino, old, used)
+}
+
+#[test]
+fn write_errors_leave_old_data_and_no_leaked_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let (e, ctl, ino, old, used) = faulty_engine_with_a_file(dir.path());
+    let c = root();
     // Drive 3 refuses every write from now on.
     ctl.lock()[3].fail_writes_after(Some(0));
     let err = e.write(&c, ino, 1000, &bytes(2, 200_000), Stability::Durable);
@@ -166,17 +170,8 @@ fn write_errors_leave_old_data_and_no_leaked_space() {
 #[test]
 fn a_failed_background_write_out_fails_the_next_commit() {
     let dir = tempfile::tempdir().unwrap();
-    {
-        let e = open(dir.path());
-        e.shutdown().unwrap();
-    }
-    let ctl = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let e = Engine::open(faulty_config(dir.path(), ctl.clone())).unwrap();
+    let (e, ctl, ino, old, used) = faulty_engine_with_a_file(dir.path());
     let c = root();
-    let old = bytes(1, 250_000);
-    let ino = put(&e, "/f", &old);
-    e.sync_metadata().unwrap();
-    let used: Vec<u64> = e.drives().iter().map(|d| d.used_bytes).collect();
     ctl.lock()[2].fail_writes_after(Some(0));
     // Unstable writes past the buffer limit: full stripes go out in the background and fail
     // there. The writer may hear of it at a later write; the commit must hear of it.

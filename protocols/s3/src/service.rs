@@ -948,6 +948,38 @@ fn owned_bucket(engine: &Engine, caller: &Caller, bucket: &str, what: &str) -> S
     Ok(b)
 }
 
+/// One of a bucket's settings kept as an xattr of its directory (`name`: policy, lifecycle):
+/// `None` when the bucket has none. Only the owner or an administrator reads it.
+async fn bucket_setting(engine: Arc<Engine>, caller: Caller, bucket: String, what: &'static str, name: &'static [u8]) -> S3Result<Option<Vec<u8>>> {
+    blocking(move || {
+        let b = owned_bucket(&engine, &caller, &bucket, what)?;
+        match engine.getxattr(&Caller::system(), b.ino, name) {
+            Ok(v) => Ok(Some(v)),
+            Err(Error::NotFound) => Ok(None),
+            Err(e) => Err(map_err(e, Missing::Bucket)),
+        }
+    })
+    .await
+}
+
+/// Stores (`Some`) or removes (`None`) one of a bucket's settings; removing one the bucket
+/// does not have succeeds. Only the owner or an administrator changes it.
+async fn set_bucket_setting(engine: Arc<Engine>, caller: Caller, bucket: String, what: &'static str, name: &'static [u8], value: Option<Vec<u8>>) -> S3Result<()> {
+    blocking(move || {
+        let b = owned_bucket(&engine, &caller, &bucket, what)?;
+        let res = match &value {
+            Some(v) => engine.setxattr(&Caller::system(), b.ino, name, v),
+            None => engine.removexattr(&Caller::system(), b.ino, name),
+        };
+        match res {
+            Ok(()) => Ok(()),
+            Err(Error::NotFound) if value.is_none() => Ok(()),
+            Err(e) => Err(map_err(e, Missing::Bucket)),
+        }
+    })
+    .await
+}
+
 /// Whether a bucket, or an object, carries the public-read mark.
 fn marked_public_read(engine: &Engine, caller: &Caller, ino: Ino) -> bool {
     engine.getxattr(caller, ino, XATTR_PUBLIC_READ).is_ok_and(|v| v == b"1")
@@ -1186,18 +1218,10 @@ impl S3 for AquiferS3 {
     }
 
     async fn get_bucket_policy(&self, req: S3Request<GetBucketPolicyInput>) -> S3Result<S3Response<GetBucketPolicyOutput>> {
-        let engine = self.engine.clone();
         let caller = self.caller(&req)?;
-        let bucket = req.input.bucket;
-        let doc = blocking(move || {
-            let b = owned_bucket(&engine, &caller, &bucket, "bucket policy")?;
-            match engine.getxattr(&Caller::system(), b.ino, XATTR_POLICY) {
-                Ok(v) => String::from_utf8(v).map_err(|_| internal("stored bucket policy is not UTF-8")),
-                Err(Error::NotFound) => Err(err(S3ErrorCode::NoSuchBucketPolicy, "The bucket policy does not exist")),
-                Err(e) => Err(map_err(e, Missing::Bucket)),
-            }
-        })
-        .await?;
+        let stored = bucket_setting(self.engine.clone(), caller, req.input.bucket, "bucket policy", XATTR_POLICY).await?;
+        let v = stored.ok_or_else(|| err(S3ErrorCode::NoSuchBucketPolicy, "The bucket policy does not exist"))?;
+        let doc = String::from_utf8(v).map_err(|_| internal("stored bucket policy is not UTF-8"))?;
         Ok(S3Response::new(GetBucketPolicyOutput { policy: Some(doc) }))
     }
 
@@ -1205,30 +1229,16 @@ impl S3 for AquiferS3 {
     /// or uses an Effect, Version, operator or field this server does not know, is refused
     /// with `MalformedPolicy` and nothing changes.
     async fn put_bucket_policy(&self, req: S3Request<PutBucketPolicyInput>) -> S3Result<S3Response<PutBucketPolicyOutput>> {
-        let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let input = req.input;
         Policy::parse(input.policy.as_bytes()).map_err(|e| err(S3ErrorCode::MalformedPolicy, e.to_string()))?;
-        blocking(move || {
-            let b = owned_bucket(&engine, &caller, &input.bucket, "bucket policy")?;
-            engine.setxattr(&Caller::system(), b.ino, XATTR_POLICY, input.policy.as_bytes()).map_err(|e| map_err(e, Missing::Bucket))
-        })
-        .await?;
+        set_bucket_setting(self.engine.clone(), caller, input.bucket, "bucket policy", XATTR_POLICY, Some(input.policy.into_bytes())).await?;
         Ok(S3Response::new(PutBucketPolicyOutput::default()))
     }
 
     async fn delete_bucket_policy(&self, req: S3Request<DeleteBucketPolicyInput>) -> S3Result<S3Response<DeleteBucketPolicyOutput>> {
-        let engine = self.engine.clone();
         let caller = self.caller(&req)?;
-        let bucket = req.input.bucket;
-        blocking(move || {
-            let b = owned_bucket(&engine, &caller, &bucket, "bucket policy")?;
-            match engine.removexattr(&Caller::system(), b.ino, XATTR_POLICY) {
-                Ok(()) | Err(Error::NotFound) => Ok(()),
-                Err(e) => Err(map_err(e, Missing::Bucket)),
-            }
-        })
-        .await?;
+        set_bucket_setting(self.engine.clone(), caller, req.input.bucket, "bucket policy", XATTR_POLICY, None).await?;
         Ok(S3Response::new(DeleteBucketPolicyOutput::default()))
     }
 
@@ -1236,18 +1246,10 @@ impl S3 for AquiferS3 {
         &self,
         req: S3Request<GetBucketLifecycleConfigurationInput>,
     ) -> S3Result<S3Response<GetBucketLifecycleConfigurationOutput>> {
-        let engine = self.engine.clone();
         let caller = self.caller(&req)?;
-        let bucket = req.input.bucket;
-        let cfg = blocking(move || {
-            let b = owned_bucket(&engine, &caller, &bucket, "lifecycle configuration")?;
-            match engine.getxattr(&Caller::system(), b.ino, XATTR_LIFECYCLE) {
-                Ok(v) => lifecycle::decode(&v).ok_or_else(|| internal("stored lifecycle configuration does not parse")),
-                Err(Error::NotFound) => Err(err(S3ErrorCode::NoSuchLifecycleConfiguration, "The lifecycle configuration does not exist")),
-                Err(e) => Err(map_err(e, Missing::Bucket)),
-            }
-        })
-        .await?;
+        let stored = bucket_setting(self.engine.clone(), caller, req.input.bucket, "lifecycle configuration", XATTR_LIFECYCLE).await?;
+        let v = stored.ok_or_else(|| err(S3ErrorCode::NoSuchLifecycleConfiguration, "The lifecycle configuration does not exist"))?;
+        let cfg = lifecycle::decode(&v).ok_or_else(|| internal("stored lifecycle configuration does not parse"))?;
         Ok(S3Response::new(GetBucketLifecycleConfigurationOutput { rules: Some(cfg.rules), ..Default::default() }))
     }
 
@@ -1257,7 +1259,6 @@ impl S3 for AquiferS3 {
         &self,
         req: S3Request<PutBucketLifecycleConfigurationInput>,
     ) -> S3Result<S3Response<PutBucketLifecycleConfigurationOutput>> {
-        let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let input = req.input;
         let mut cfg = input.lifecycle_configuration.ok_or_else(|| err(S3ErrorCode::MalformedXML, "the request has no LifecycleConfiguration"))?;
@@ -1266,26 +1267,13 @@ impl S3 for AquiferS3 {
         if doc.len() > storage_engine::XATTR_VALUE_BYTES_MAX {
             return Err(err(S3ErrorCode::InvalidArgument, "the lifecycle configuration is too large to store"));
         }
-        blocking(move || {
-            let b = owned_bucket(&engine, &caller, &input.bucket, "lifecycle configuration")?;
-            engine.setxattr(&Caller::system(), b.ino, XATTR_LIFECYCLE, &doc).map_err(|e| map_err(e, Missing::Bucket))
-        })
-        .await?;
+        set_bucket_setting(self.engine.clone(), caller, input.bucket, "lifecycle configuration", XATTR_LIFECYCLE, Some(doc)).await?;
         Ok(S3Response::new(PutBucketLifecycleConfigurationOutput::default()))
     }
 
     async fn delete_bucket_lifecycle(&self, req: S3Request<DeleteBucketLifecycleInput>) -> S3Result<S3Response<DeleteBucketLifecycleOutput>> {
-        let engine = self.engine.clone();
         let caller = self.caller(&req)?;
-        let bucket = req.input.bucket;
-        blocking(move || {
-            let b = owned_bucket(&engine, &caller, &bucket, "lifecycle configuration")?;
-            match engine.removexattr(&Caller::system(), b.ino, XATTR_LIFECYCLE) {
-                Ok(()) | Err(Error::NotFound) => Ok(()),
-                Err(e) => Err(map_err(e, Missing::Bucket)),
-            }
-        })
-        .await?;
+        set_bucket_setting(self.engine.clone(), caller, req.input.bucket, "lifecycle configuration", XATTR_LIFECYCLE, None).await?;
         Ok(S3Response::new(DeleteBucketLifecycleOutput::default()))
     }
 

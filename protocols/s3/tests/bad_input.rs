@@ -136,6 +136,18 @@ async fn part_numbers_out_of_range_and_missing_parts_are_refused() {
     s.stop().await;
 }
 
+/// The head of a signed HTTP/1.1 PUT of `body` to `path`, with `extra` header lines, for
+/// tests that write the request to a socket themselves.
+fn signed_put_head(s: &common::Server, path: &str, body: &[u8], extra: &str) -> String {
+    let req = s.signed("PUT", path, &[], body.to_vec()).build().unwrap();
+    let mut head = format!("PUT {path} HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\n{extra}", s.addr, body.len());
+    for (k, v) in req.headers() {
+        head.push_str(&format!("{}: {}\r\n", k, v.to_str().unwrap()));
+    }
+    head.push_str("\r\n");
+    head
+}
+
 /// A client that goes away in the middle of a PUT leaves no object and no used space.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_put_leaves_nothing_visible_and_no_space_used() {
@@ -144,12 +156,7 @@ async fn dropped_put_leaves_nothing_visible_and_no_space_used() {
     let before = s.used_bytes().await;
     // Sign a request for an 8 MiB body, send its headers and 3 MiB, then hang up.
     let full = vec![42u8; 8 << 20];
-    let req = s.signed("PUT", "/bkt/dropped", &[], full.clone()).build().unwrap();
-    let mut head = format!("PUT /bkt/dropped HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\n", s.addr, full.len());
-    for (k, v) in req.headers() {
-        head.push_str(&format!("{}: {}\r\n", k, v.to_str().unwrap()));
-    }
-    head.push_str("\r\n");
+    let head = signed_put_head(&s, "/bkt/dropped", &full, "");
     let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
     tcp.write_all(head.as_bytes()).await.unwrap();
     tcp.write_all(&full[..3 << 20]).await.unwrap();
@@ -300,12 +307,7 @@ async fn a_put_refused_before_its_body_closes_the_connection() {
     assert_eq!(s.call("PUT", "/bkt/a", &[], b"file".to_vec()).await.0, 200);
     // `a` is an object, so `a/b` cannot be one: refused with InvalidArgument by the handler.
     let body = b"foo/bar/xyzzy".to_vec();
-    let req = s.signed("PUT", "/bkt/a/b", &[], body.clone()).build().unwrap();
-    let mut head = format!("PUT /bkt/a/b HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\nexpect: 100-continue\r\n", s.addr, body.len());
-    for (k, v) in req.headers() {
-        head.push_str(&format!("{}: {}\r\n", k, v.to_str().unwrap()));
-    }
-    head.push_str("\r\n");
+    let head = signed_put_head(&s, "/bkt/a/b", &body, "expect: 100-continue\r\n");
     let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
     tcp.write_all(head.as_bytes()).await.unwrap();
     let mut got = Vec::new();
