@@ -35,9 +35,10 @@ pub(crate) const CF_UPLOADS: &str = "uploads";
 pub(crate) const CF_JOBS: &str = "jobs";
 pub(crate) const CF_AUDIT: &str = "audit";
 pub(crate) const CF_REMOTE: &str = "remote";
+pub(crate) const CF_VERSIONS: &str = "versions";
 const ALL_CFS: &[&str] = &[
     CF_INODES, CF_DENTRIES, CF_EXTENTS, CF_STRIPES, CF_INLINE, CF_XATTRS, CF_IDENTITY,
-    CF_SYSTEM, CF_ORPHANS, CF_UPLOADS, CF_JOBS, CF_AUDIT, CF_REMOTE,
+    CF_SYSTEM, CF_ORPHANS, CF_UPLOADS, CF_JOBS, CF_AUDIT, CF_REMOTE, CF_VERSIONS,
 ];
 
 /// Stripes of one flush whose shard writes may be outstanding together.
@@ -213,6 +214,8 @@ pub(crate) enum Command {
     Concat { ino: Ino, parts: Vec<Ino>, now: i64 },
     SetXattr { caller: Caller, ino: Ino, name: Vec<u8>, value: Option<Vec<u8>>, now: i64 },
     DeleteOrphan { ino: Ino },
+    /// Versioned-bucket changes (versions.rs).
+    Version(crate::versions::VersionCmd),
 }
 
 pub(crate) struct Applied {
@@ -268,7 +271,7 @@ pub(crate) fn validate_name(name: &[u8]) -> Result<()> {
 impl Engine {
     /// Mutations the fabric cannot forward are refused on mirror inodes (unless it says
     /// otherwise).
-    fn remote_refuse(&self, caller: &Caller, ino: Ino, what: &'static str) -> Result<()> {
+    pub(crate) fn remote_refuse(&self, caller: &Caller, ino: Ino, what: &'static str) -> Result<()> {
         self.remote_mutation(&[ino], Mutation::Other { caller, ino, what }).map(|_| ())
     }
 }
@@ -282,8 +285,8 @@ fn check_reserved_xattr(caller: &Caller, name: &[u8]) -> Result<()> {
 }
 
 const R: u32 = 4;
-const W: u32 = 2;
-const X: u32 = 1;
+pub(crate) const W: u32 = 2;
+pub(crate) const X: u32 = 1;
 
 fn may(caller: &Caller, rec: &InodeRec, mask: u32) -> bool {
     if caller.uid == 0 {
@@ -300,12 +303,12 @@ fn may(caller: &Caller, rec: &InodeRec, mask: u32) -> bool {
     bits & mask == mask
 }
 
-fn check(caller: &Caller, rec: &InodeRec, mask: u32) -> Result<()> {
+pub(crate) fn check(caller: &Caller, rec: &InodeRec, mask: u32) -> Result<()> {
     if may(caller, rec, mask) { Ok(()) } else { Err(Error::PermissionDenied) }
 }
 
 /// Sticky directories let only the owner of an entry (or of the directory) remove it.
-fn sticky_ok(caller: &Caller, dir: &InodeRec, victim: &InodeRec) -> bool {
+pub(crate) fn sticky_ok(caller: &Caller, dir: &InodeRec, victim: &InodeRec) -> bool {
     dir.mode & 0o1000 == 0 || caller.uid == 0 || caller.uid == dir.uid || caller.uid == victim.uid
 }
 
@@ -613,7 +616,7 @@ impl Engine {
         }
     }
 
-    fn load_dentry(&self, parent: Ino, name: &[u8]) -> Result<Option<(Ino, FileKind)>> {
+    pub(crate) fn load_dentry(&self, parent: Ino, name: &[u8]) -> Result<Option<(Ino, FileKind)>> {
         match self.db.get_cf(self.cf(CF_DENTRIES), dentry_key(parent, name))? {
             Some(v) => Ok(Some(decode_dentry(&v)?)),
             None => Ok(None),
@@ -1044,7 +1047,7 @@ impl Engine {
     }
 
     /// A directory whose entries changed: new mtime and ctime, next version, stored.
-    fn put_touched(&self, batch: &mut WriteBatch, ino: Ino, dir: &mut InodeRec, now: i64) {
+    pub(crate) fn put_touched(&self, batch: &mut WriteBatch, ino: Ino, dir: &mut InodeRec, now: i64) {
         dir.mtime_ns = now;
         dir.ctime_ns = now;
         dir.version += 1;
@@ -1183,7 +1186,8 @@ impl Engine {
                     _ => {}
                 }
                 if kind == FileKind::Dir {
-                    if self.dir_has_entries(ino)? {
+                    // A bucket keeps its noncurrent versions under its inode.
+                    if self.dir_has_entries(ino)? || crate::versions::has_versions(self, ino)? {
                         return Err(Error::NotEmpty);
                     }
                     dir.nlink -= 1;
@@ -1340,6 +1344,7 @@ impl Engine {
                 }
                 Ok(Applied { attr: None, events: vec![] })
             }
+            Command::Version(v) => crate::versions::apply(self, v, batch, freed),
         }
     }
 
@@ -1351,7 +1356,7 @@ impl Engine {
     }
 
     /// Removes one link to `ino`; at zero links deletes the inode and its data.
-    fn drop_link(&self, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, ino: Ino, mut rec: InodeRec, now: i64) -> Result<()> {
+    pub(crate) fn drop_link(&self, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, ino: Ino, mut rec: InodeRec, now: i64) -> Result<()> {
         let last = rec.kind == FileKind::Dir || rec.nlink <= 1;
         if !last {
             rec.nlink -= 1;
@@ -2177,6 +2182,7 @@ impl Engine {
     /// Deletes unpublished files left by a crash (put-whole staging that never finished).
     fn reclaim_orphans(&self) -> Result<()> {
         let mut live = crate::objects::upload_parts(self)?;
+        live.extend(crate::versions::version_inos(self)?);
         live.extend(self.remote_cache_inos()?);
         let mut victims = Vec::new();
         for kv in self.db.iterator_cf(self.cf(CF_ORPHANS), IteratorMode::Start) {

@@ -16,6 +16,7 @@ mod records;
 mod remote;
 mod settings;
 mod types;
+mod versions;
 mod writebuf;
 
 pub use data::{DriveCounters, DriveInfo, DriveState};
@@ -27,3 +28,4 @@ pub use objects::{LIST_KEYS_MAX, ObjectEntry, ObjectPage, PARTS_MAX, PartInfo, U
 pub use remote::{Mutation, Need, PORTAL_CALLER, RemoteAttr, RemoteSource, RemoteStub, Verdict};
 pub use settings::{AUDIT_PAGE_MAX, AuditRecord, SETTING_KEY_BYTES_MAX, SETTING_VALUE_BYTES_MAX};
 pub use types::*;
+pub use versions::{FoundVersion, NULL_VERSION, VersionEntry, VersionKind, VersionMode, VersionPage, is_version_id};

@@ -1,0 +1,177 @@
+//! Object versions of versioned buckets: records kept across restarts, current file
+//! replaced and restored, space freed when versions are deleted, listing with markers.
+
+mod common;
+
+use common::*;
+use storage_engine::*;
+
+fn put_version(e: &Engine, bucket: Ino, key: &str, data: &[u8], mode: VersionMode) -> String {
+    let c = root();
+    let (parent, name) = e.object_parent(&c, bucket, key, true).unwrap();
+    let staged = e.begin_put(&c, parent, 0o644).unwrap();
+    e.write(&c, staged.ino, 0, data, Stability::Unstable).unwrap();
+    e.finish_put_versioned(&c, staged.ino, parent, name.as_bytes(), bucket, key, mode).unwrap().1
+}
+
+fn read_version(e: &Engine, bucket: Ino, key: &str, id: &str) -> Vec<u8> {
+    let a = match e.find_version(&root(), bucket, key, id).unwrap() {
+        FoundVersion::Current(a) | FoundVersion::Noncurrent(a) => a,
+        FoundVersion::DeleteMarker { .. } => panic!("{key} {id} is a delete marker"),
+    };
+    e.read(&root(), a.ino, 0, a.size as usize + 1).unwrap()
+}
+
+fn all_versions(e: &Engine, bucket: Ino) -> Vec<(String, String, bool, bool)> {
+    let page = e.list_versions(&root(), bucket, "", None, "", None, 1000).unwrap();
+    assert!(page.next.is_none());
+    page.versions.into_iter().map(|v| (v.key, v.id, v.latest, matches!(v.kind, VersionKind::DeleteMarker { .. }))).collect()
+}
+
+fn used(e: &Engine) -> u64 {
+    e.sync_metadata().unwrap();
+    e.drives().iter().map(|d| d.used_bytes).sum()
+}
+
+#[test]
+fn replaced_versions_are_kept_across_a_restart_and_readable_by_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, v2);
+    {
+        let e = open(dir.path());
+        let b = e.mkdir(&root(), ROOT_INO, b"bucket", 0o755).unwrap();
+        v1 = put_version(&e, b.ino, "a/obj", &bytes(1, 200_000), VersionMode::Enabled);
+        v2 = put_version(&e, b.ino, "a/obj", &bytes(2, 150_000), VersionMode::Enabled);
+        assert_ne!(v1, v2);
+        assert!(is_version_id(&v1) && v1 != NULL_VERSION);
+        assert_eq!(get(&e, "/bucket/a/obj"), bytes(2, 150_000), "the namespace shows the newest version");
+        // The old version is no file: the directory holds only the current one.
+        let a = e.resolve(&root(), "/bucket/a").unwrap();
+        assert_eq!(e.readdir(&root(), a.ino, None, 10).unwrap().entries.len(), 1);
+        // Dropped without shutdown, like a killed daemon: orphan reclamation must keep v1.
+    }
+    let e = open(dir.path());
+    let b = e.resolve(&root(), "/bucket").unwrap();
+    assert_eq!(read_version(&e, b.ino, "a/obj", &v1), bytes(1, 200_000));
+    assert_eq!(read_version(&e, b.ino, "a/obj", &v2), bytes(2, 150_000));
+    assert_eq!(all_versions(&e, b.ino), vec![("a/obj".into(), v2.clone(), true, false), ("a/obj".into(), v1.clone(), false, false)]);
+    assert!(matches!(e.find_version(&root(), b.ino, "a/obj", "0000000000000000ffffffffffffffff"), Err(Error::NotFound)));
+    assert!(matches!(e.find_version(&root(), b.ino, "a/obj", NULL_VERSION), Err(Error::NotFound)));
+}
+
+#[test]
+fn a_delete_marker_hides_the_key_and_removing_it_brings_the_object_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let b = e.mkdir(&root(), ROOT_INO, b"bucket", 0o755).unwrap();
+    let v1 = put_version(&e, b.ino, "d/k", b"one", VersionMode::Enabled);
+    let marker = e.delete_versioned(&root(), b.ino, "d/k", VersionMode::Enabled).unwrap();
+    assert!(e.resolve(&root(), "/bucket/d/k").is_err(), "deleted key is no file");
+    assert_eq!(e.latest_delete_marker(&root(), b.ino, "d/k").unwrap(), Some(marker.clone()));
+    assert!(matches!(e.find_version(&root(), b.ino, "d/k", &marker).unwrap(), FoundVersion::DeleteMarker { latest: true, .. }));
+    assert_eq!(all_versions(&e, b.ino), vec![("d/k".into(), marker.clone(), true, true), ("d/k".into(), v1.clone(), false, false)]);
+    e.delete_version(&root(), b.ino, "d/k", &marker).unwrap();
+    assert_eq!(get(&e, "/bucket/d/k"), b"one", "the newest object version is current again");
+    assert_eq!(e.latest_delete_marker(&root(), b.ino, "d/k").unwrap(), None);
+    // Deleting the current version makes the next one current; the last leaves nothing.
+    let v2 = put_version(&e, b.ino, "d/k", b"two", VersionMode::Enabled);
+    e.delete_version(&root(), b.ino, "d/k", &v2).unwrap();
+    assert_eq!(get(&e, "/bucket/d/k"), b"one");
+    e.delete_version(&root(), b.ino, "d/k", &v1).unwrap();
+    assert!(e.resolve(&root(), "/bucket/d/k").is_err());
+    assert!(all_versions(&e, b.ino).is_empty());
+    assert!(matches!(e.delete_version(&root(), b.ino, "d/k", &v1), Err(Error::NotFound)));
+}
+
+#[test]
+fn deleting_versions_frees_their_space_and_a_bucket_with_versions_is_not_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let b = e.mkdir(&root(), ROOT_INO, b"bucket", 0o755).unwrap();
+    assert_eq!(used(&e), 0);
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(put_version(&e, b.ino, "big", &bytes(10 + i, 300_000), VersionMode::Enabled));
+    }
+    let with_three = used(&e);
+    ids.push(e.delete_versioned(&root(), b.ino, "big", VersionMode::Enabled).unwrap());
+    assert_eq!(used(&e), with_three, "a delete marker keeps the data");
+    assert!(matches!(e.rmdir(&root(), ROOT_INO, b"bucket"), Err(Error::NotEmpty)), "versions remain");
+    e.delete_version(&root(), b.ino, "big", &ids[1]).unwrap();
+    let with_two = used(&e);
+    assert!(with_two < with_three, "a deleted version's stripes are freed");
+    for id in [&ids[0], &ids[2], &ids[3]] {
+        e.delete_version(&root(), b.ino, "big", id).unwrap();
+    }
+    assert_eq!(used(&e), 0, "no stripe leaked");
+    assert!(!e.bucket_has_versions(b.ino).unwrap());
+    e.rmdir(&root(), ROOT_INO, b"bucket").unwrap();
+    drop(e);
+    let e = open(dir.path());
+    assert_eq!(used(&e), 0, "none after a restart either");
+}
+
+#[test]
+fn suspended_writes_replace_the_null_version_and_keep_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let b = e.mkdir(&root(), ROOT_INO, b"bucket", 0o755).unwrap();
+    // A file from before versioning is the null version.
+    put(&e, "/bucket/k", &bytes(3, 100_000));
+    let v1 = put_version(&e, b.ino, "k", b"v1", VersionMode::Enabled);
+    assert_eq!(read_version(&e, b.ino, "k", NULL_VERSION), bytes(3, 100_000));
+    let before = used(&e);
+    assert_eq!(put_version(&e, b.ino, "k", b"null again", VersionMode::Suspended), NULL_VERSION);
+    assert!(used(&e) < before, "the old null version was replaced and freed");
+    assert_eq!(read_version(&e, b.ino, "k", &v1), b"v1");
+    assert_eq!(put_version(&e, b.ino, "k", b"null 3", VersionMode::Suspended), NULL_VERSION);
+    let listed = all_versions(&e, b.ino);
+    assert_eq!(listed, vec![("k".into(), NULL_VERSION.into(), true, false), ("k".into(), v1.clone(), false, false)]);
+    // A suspended delete puts a null delete marker in place of the null version.
+    assert_eq!(e.delete_versioned(&root(), b.ino, "k", VersionMode::Suspended).unwrap(), NULL_VERSION);
+    assert_eq!(all_versions(&e, b.ino), vec![("k".into(), NULL_VERSION.into(), true, true), ("k".into(), v1, false, false)]);
+    assert_eq!(used(&e), 0, "only tiny inline versions remain");
+}
+
+#[test]
+fn version_listing_pages_through_markers_in_key_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let b = e.mkdir(&root(), ROOT_INO, b"bucket", 0o755).unwrap();
+    // Keys whose byte order differs from a depth-first walk, with 1-3 versions each.
+    let keys = ["a", "a-b", "b/c", "b/d/e", "b-x", "c.txt"];
+    for (i, k) in keys.iter().enumerate() {
+        for j in 0..=(i % 3) {
+            put_version(&e, b.ino, k, format!("{k}{j}").as_bytes(), VersionMode::Enabled);
+        }
+    }
+    e.delete_versioned(&root(), b.ino, "b-x", VersionMode::Enabled).unwrap();
+    let full = all_versions(&e, b.ino);
+    assert_eq!(full.len(), 1 + 2 + 3 + 1 + 2 + 1 + 3);
+    assert!(full[0..3].iter().all(|v| v.0.starts_with('a')) && full[3].0 == "b-x" && full[3].3, "{full:?}");
+    let order: Vec<&str> = full.iter().map(|v| v.0.as_str()).collect();
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(order, sorted, "key byte order");
+    for max in [1, 2, 3, 5] {
+        let (mut km, mut vm) = (String::new(), None::<String>);
+        let mut got = Vec::new();
+        loop {
+            let p = e.list_versions(&root(), b.ino, "", None, &km, vm.as_deref(), max).unwrap();
+            assert!(p.versions.len() <= max);
+            got.extend(p.versions.into_iter().map(|v| (v.key, v.id, v.latest, matches!(v.kind, VersionKind::DeleteMarker { .. }))));
+            match p.next {
+                Some((k, v)) => (km, vm) = (k, v),
+                None => break,
+            }
+        }
+        assert_eq!(got, full, "pages of {max}");
+    }
+    // Prefix and delimiter.
+    let p = e.list_versions(&root(), b.ino, "b", Some("/"), "", None, 100).unwrap();
+    assert_eq!(p.common_prefixes, vec!["b/".to_string()]);
+    assert_eq!(p.versions.iter().map(|v| v.key.as_str()).collect::<Vec<_>>(), vec!["b-x", "b-x", "b-x"]);
+    // A key marker alone skips all of that key.
+    let p = e.list_versions(&root(), b.ino, "", None, "b/c", None, 100).unwrap();
+    assert_eq!(p.versions.first().map(|v| v.key.as_str()), Some("b/d/e"));
+}
