@@ -15,6 +15,7 @@ use crate::engine::{CF_UPLOADS, Engine, validate_name};
 use crate::error::{Error, Result};
 use crate::records::{Dec, Enc};
 use crate::types::*;
+use crate::versions::VersionMode;
 
 /// Most parts of one multipart upload (as S3).
 pub const PARTS_MAX: u32 = 10_000;
@@ -278,6 +279,21 @@ impl Engine {
     /// [`Engine::multipart_complete`] publishing the object with `mode` (a private canned ACL
     /// is 0600): the object is never visible with wider permissions, not even for a moment.
     pub fn multipart_complete_with_mode(&self, caller: &Caller, id: &str, numbers: &[u32], xattrs: &[(Vec<u8>, Vec<u8>)], mode: u32) -> Result<Attr> {
+        self.multipart_complete_versioned(caller, id, numbers, xattrs, mode, None).map(|(a, _)| a)
+    }
+
+    /// [`Engine::multipart_complete_with_mode`] in a bucket with versioning `versioning`
+    /// (see [`Engine::finish_put_versioned`]): returns the object and, when versioned, its
+    /// version id.
+    pub fn multipart_complete_versioned(
+        &self,
+        caller: &Caller,
+        id: &str,
+        numbers: &[u32],
+        xattrs: &[(Vec<u8>, Vec<u8>)],
+        mode: u32,
+        versioning: Option<VersionMode>,
+    ) -> Result<(Attr, Option<String>)> {
         let u = self.multipart_get(caller, id)?;
         if numbers.is_empty() {
             return Err(Error::InvalidArgument("no parts named".into()));
@@ -310,9 +326,15 @@ impl Engine {
         for (k, v) in xattrs {
             self.setxattr(caller, target.ino, k, v)?;
         }
-        let attr = self.finish_put(caller, target.ino, parent, name.as_bytes())?;
+        let (attr, version) = match versioning {
+            Some(v) => {
+                let (a, id) = self.finish_put_versioned(caller, target.ino, parent, name.as_bytes(), u.bucket, &u.key, v)?;
+                (a, Some(id))
+            }
+            None => (self.finish_put(caller, target.ino, parent, name.as_bytes())?, None),
+        };
         self.drop_upload(id, &keep)?;
-        Ok(attr)
+        Ok((attr, version))
     }
 
     /// Lists keys below directory `bucket` in byte order: those starting with `prefix` and

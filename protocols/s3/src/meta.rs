@@ -9,6 +9,7 @@
 //! | `aquifer.s3.policy` | bucket directory | the bucket policy (JSON) as the owner put it, checked by `policy::Policy::parse` |
 //! | `aquifer.s3.acl` | bucket directory or object | an ACL the mode view cannot say: `1 <owner uid>` then one grant a line (`acl::Acl::encode`) |
 //! | `aquifer.s3.lifecycle` | bucket directory | the lifecycle configuration as S3 XML (`<LifecycleConfiguration>`), checked by `lifecycle::check` |
+//! | `aquifer.s3.versioning` | bucket directory | `Enabled` or `Suspended`; absent: never versioned |
 //!
 //! The ETag is valid while the file's size and mtime are those recorded with it. The engine
 //! bumps an inode's `version` for every attribute change too (setting this very xattr, or a
@@ -27,6 +28,7 @@ pub const XATTR_PUBLIC_READ: &[u8] = b"aquifer.s3.public-read";
 pub const XATTR_POLICY: &[u8] = b"aquifer.s3.policy";
 pub const XATTR_LIFECYCLE: &[u8] = b"aquifer.s3.lifecycle";
 pub const XATTR_ACL: &[u8] = b"aquifer.s3.acl";
+pub const XATTR_VERSIONING: &[u8] = b"aquifer.s3.versioning";
 
 /// An ETag together with the data state (size, mtime) it was computed for.
 #[derive(Debug, Clone, PartialEq, Eq)]

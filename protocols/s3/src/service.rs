@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use md5::{Digest, Md5};
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
-use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ROOT_INO, Stability};
+use storage_engine::{Attr, Caller, Engine, Error, FileKind, FoundVersion, Ino, NULL_VERSION, ROOT_INO, Stability, VersionKind, VersionMode};
 
 use crate::acl::{self, Acl, GrantHeaders, Perm};
 use crate::auth::{AclWriter, PerKeyPolicy, PolicyGrant, SourceGrant, caller_of, load_acl};
@@ -144,12 +144,6 @@ fn bucket_attr(engine: &Engine, caller: &Caller, bucket: &str) -> S3Result<Attr>
     }
 }
 
-/// The object `key` of bucket `bucket`: NoSuchBucket, NoSuchKey or the file.
-fn object_in(engine: &Engine, caller: &Caller, bucket: &str, key: &str) -> S3Result<Attr> {
-    let b = bucket_attr(engine, caller, bucket)?;
-    object_attr(engine, caller, b.ino, object_key(key)?)
-}
-
 /// The file holding `key`, or NoSuchKey.
 fn object_attr(engine: &Engine, caller: &Caller, bucket: Ino, key: &str) -> S3Result<Attr> {
     let (parent, name) = match engine.object_parent(caller, bucket, key, false) {
@@ -224,8 +218,51 @@ fn dirs_of(key: &str) -> Vec<&str> {
     v
 }
 
-/// Deletes one key; deleting what does not exist succeeds, as in S3.
+/// What a delete did, for its answer.
+#[derive(Default)]
+pub(crate) struct Deleted {
+    /// The version removed, or the delete marker made.
+    pub version_id: Option<String>,
+    /// A delete marker was made, or the version removed was one.
+    pub delete_marker: bool,
+}
+
+/// Deletes one key (a delete marker in a versioned bucket); deleting what does not exist
+/// succeeds, as in S3.
 pub(crate) fn delete_key(engine: &Engine, caller: &Caller, bucket: Ino, key: &str) -> S3Result<()> {
+    delete_key_version(engine, caller, bucket, key, None).map(|_| ())
+}
+
+/// Deletes one key, or with `version` one version of it for good. Deleting a version that
+/// does not exist succeeds, as in S3 (a delete is idempotent).
+pub(crate) fn delete_key_version(engine: &Engine, caller: &Caller, bucket: Ino, key: &str, version: Option<&str>) -> S3Result<Deleted> {
+    if let KeyForm::Object(k) = parse_key(key)? {
+        let versioning = bucket_versioning(engine, bucket);
+        let out = match (version, versioning) {
+            (Some(id), _) => {
+                let marker = matches!(engine.find_version(caller, bucket, k, id), Ok(FoundVersion::DeleteMarker { .. }));
+                match engine.delete_version(caller, bucket, k, id) {
+                    Ok(()) | Err(Error::NotFound) => {}
+                    Err(e) => return Err(map_err(e, Missing::Key)),
+                }
+                Deleted { version_id: Some(id.to_string()), delete_marker: marker }
+            }
+            (None, Some(mode)) => {
+                let id = engine.delete_versioned(caller, bucket, k, mode).map_err(|e| map_err(e, Missing::Key))?;
+                Deleted { version_id: Some(id), delete_marker: true }
+            }
+            (None, None) => return delete_unversioned(engine, caller, bucket, key).map(|()| Deleted::default()),
+        };
+        prune_empty_dirs(engine, caller, bucket, &dirs_of(k));
+        return Ok(out);
+    }
+    if version.is_some_and(|v| v != NULL_VERSION) {
+        return Err(err(S3ErrorCode::NoSuchVersion, "a key ending in '/' names a directory, whose only version is null"));
+    }
+    delete_unversioned(engine, caller, bucket, key).map(|()| Deleted::default())
+}
+
+fn delete_unversioned(engine: &Engine, caller: &Caller, bucket: Ino, key: &str) -> S3Result<()> {
     match parse_key(key)? {
         KeyForm::Dir(path) => {
             let comps: Vec<&str> = path.split('/').collect();
@@ -703,16 +740,25 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
 /// written out first (so the recorded size and time are final) but made durable only by
 /// the publish itself, which syncs data and metadata once. If the key's directory vanished meanwhile (pruned by a concurrent
 /// delete), it is made again once.
+/// In a versioned bucket the object it replaces becomes a noncurrent version; the new
+/// version's id comes back when versioning is enabled (S3 names none for a suspended bucket).
 #[allow(clippy::too_many_arguments)] // one staged object and everything published with it
-fn publish(engine: &Engine, caller: &Caller, bucket: Ino, key: &str, ino: Ino, etag: &str, meta: &ObjectMeta, tags: &[(String, String)]) -> S3Result<Attr> {
+fn publish(engine: &Engine, caller: &Caller, bucket: Ino, key: &str, ino: Ino, etag: &str, meta: &ObjectMeta, tags: &[(String, String)]) -> S3Result<(Attr, Option<String>)> {
     engine.close(caller, ino).map_err(|e| map_err(e, Missing::Key))?;
     let staged = engine.getattr(caller, ino).map_err(|e| map_err(e, Missing::Key))?;
     save_etag(engine, ino, etag, &staged).map_err(|e| map_err(e, Missing::Key))?;
     write_object_xattrs(engine, caller, ino, meta, tags)?;
+    let versioning = bucket_versioning(engine, bucket);
     let mut tries = 0;
     loop {
         let (parent, name) = engine.object_parent(caller, bucket, key, true).map_err(|e| map_err(e, Missing::Key))?;
-        match engine.finish_put(caller, ino, parent, name.as_bytes()) {
+        let done = match versioning {
+            Some(mode) => engine
+                .finish_put_versioned(caller, ino, parent, name.as_bytes(), bucket, key, mode)
+                .map(|(a, id)| (a, (mode == VersionMode::Enabled).then_some(id))),
+            None => engine.finish_put(caller, ino, parent, name.as_bytes()).map(|a| (a, None)),
+        };
+        match done {
             Ok(a) => return Ok(a),
             Err(Error::NotFound) if tries == 0 => tries += 1,
             Err(e) => return Err(map_err(e, Missing::Key)),
@@ -759,18 +805,24 @@ struct ObjectView {
     etag: String,
     meta: ObjectMeta,
     tags: usize,
+    /// The version's id, in a bucket that is or was versioned.
+    version_id: Option<String>,
 }
 
-/// Looks up an object (or a `prefix/` directory, shown as an empty object) for GET/HEAD.
-fn view_object(engine: &Engine, caller: &Caller, bucket: &str, key: &str) -> S3Result<ObjectView> {
+/// Looks up an object (or a `prefix/` directory, shown as an empty object) for GET/HEAD:
+/// the current version, or version `version`.
+fn view_object(engine: &Engine, caller: &Caller, bucket: &str, key: &str, version: Option<&str>) -> S3Result<ObjectView> {
     let b = bucket_attr(engine, caller, bucket)?;
     match parse_key(key)? {
         KeyForm::Dir(path) => {
+            if version.is_some_and(|v| v != NULL_VERSION) {
+                return Err(err(S3ErrorCode::NoSuchVersion, "a key ending in '/' names a directory, whose only version is null"));
+            }
             let attr = dir_attr(engine, caller, b.ino, path)?;
-            Ok(ObjectView { etag: hex::encode(Md5::new().finalize()), meta: ObjectMeta::default(), tags: 0, attr: Attr { size: 0, ..attr } })
+            Ok(ObjectView { etag: hex::encode(Md5::new().finalize()), meta: ObjectMeta::default(), tags: 0, attr: Attr { size: 0, ..attr }, version_id: None })
         }
         KeyForm::Object(k) => {
-            let attr = object_attr(engine, caller, b.ino, k)?;
+            let attr = version_attr(engine, caller, b.ino, k, version)?;
             // Reading the bytes checks the mode, but an empty object (or a cached ETag) needs
             // no read: ask, so that a private object is refused whatever its size.
             if engine.access(caller, attr.ino, ACCESS_READ).map_err(|e| map_err(e, Missing::Key))? & ACCESS_READ == 0 {
@@ -779,16 +831,50 @@ fn view_object(engine: &Engine, caller: &Caller, bucket: &str, key: &str) -> S3R
             let etag = etag_of(engine, caller, &attr)?;
             let meta = load_meta(engine, caller, attr.ino);
             let tags = load_tags(engine, caller, attr.ino).len();
-            Ok(ObjectView { attr, etag, meta, tags })
+            let version_id = reported_version(engine, b.ino, attr.ino)?;
+            Ok(ObjectView { attr, etag, meta, tags, version_id })
         }
     }
 }
 
-fn check_version_id(v: Option<&str>) -> S3Result<()> {
-    match v {
-        None | Some("null") => Ok(()),
-        Some(_) => Err(err(S3ErrorCode::NoSuchVersion, "objects are not versioned; the only version is \"null\"")),
+/// A bucket's versioning state; `None` when it was never versioned.
+pub(crate) fn bucket_versioning(engine: &Engine, bucket: Ino) -> Option<VersionMode> {
+    match engine.getxattr(&Caller::system(), bucket, XATTR_VERSIONING).ok()?.as_slice() {
+        b"Enabled" => Some(VersionMode::Enabled),
+        b"Suspended" => Some(VersionMode::Suspended),
+        _ => None,
     }
+}
+
+/// A version id from a request: `null` or one of Aquifer's; anything else is refused as S3
+/// does.
+fn check_version_id(v: Option<&str>) -> S3Result<Option<String>> {
+    match v {
+        None => Ok(None),
+        Some(id) if storage_engine::is_version_id(id) => Ok(Some(id.to_string())),
+        Some(_) => Err(err(S3ErrorCode::InvalidArgument, "Invalid version id specified")),
+    }
+}
+
+/// The file holding version `id` of `key` (the current one without `id`): NoSuchKey,
+/// NoSuchVersion, or `405 MethodNotAllowed` for a delete marker (as S3).
+fn version_attr(engine: &Engine, caller: &Caller, bucket: Ino, key: &str, id: Option<&str>) -> S3Result<Attr> {
+    let Some(id) = id else { return object_attr(engine, caller, bucket, key) };
+    match engine.find_version(caller, bucket, key, id) {
+        Ok(FoundVersion::Current(a) | FoundVersion::Noncurrent(a)) => Ok(a),
+        Ok(FoundVersion::DeleteMarker { .. }) => Err(err(S3ErrorCode::MethodNotAllowed, "the version is a delete marker")),
+        Err(Error::NotFound) => Err(err(S3ErrorCode::NoSuchVersion, "The specified version does not exist.")),
+        Err(e) => Err(map_err(e, Missing::Key)),
+    }
+}
+
+/// The version id to answer with: the object's in a bucket that is or was versioned, none
+/// in one that never was.
+fn reported_version(engine: &Engine, bucket: Ino, ino: Ino) -> S3Result<Option<String>> {
+    if bucket_versioning(engine, bucket).is_none() {
+        return Ok(None);
+    }
+    engine.version_id_of(ino).map(Some).map_err(|e| map_err(e, Missing::Key))
 }
 
 fn content_range(r: &std::ops::Range<u64>, size: u64) -> String {
@@ -927,11 +1013,12 @@ fn copy_data(engine: &Engine, reader: &Caller, writer: &Caller, src: Ino, start:
     Ok(h.finalize().into())
 }
 
-fn copy_source(cs: &CopySource) -> S3Result<(String, String)> {
+/// (bucket, key, version id) of a copy source.
+fn copy_source(cs: &CopySource) -> S3Result<(String, String, Option<String>)> {
     match cs {
         CopySource::Bucket { bucket, key, version_id } => {
-            check_version_id(version_id.as_deref())?;
-            Ok((bucket.to_string(), key.to_string()))
+            let v = check_version_id(version_id.as_deref())?;
+            Ok((bucket.to_string(), key.to_string(), v))
         }
         _ => Err(err(S3ErrorCode::NotImplemented, "copy sources must be bucket/key")),
     }
@@ -1140,6 +1227,9 @@ impl S3 for AquiferS3 {
             if !engine.multipart_list_uploads(&Caller::system(), b.ino).map_err(|e| map_err(e, Missing::Bucket))?.is_empty() {
                 return Err(err(S3ErrorCode::BucketNotEmpty, "the bucket has multipart uploads in progress"));
             }
+            if engine.bucket_has_versions(b.ino).map_err(|e| map_err(e, Missing::Bucket))? {
+                return Err(err(S3ErrorCode::BucketNotEmpty, "the bucket holds object versions or delete markers"));
+            }
             match engine.rmdir(&caller, ROOT_INO, bucket.as_bytes()) {
                 Ok(()) => Ok(()),
                 Err(Error::NotEmpty) => {
@@ -1178,8 +1268,37 @@ impl S3 for AquiferS3 {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let bucket = req.input.bucket;
-        blocking(move || bucket_attr(&engine, &caller, &bucket).map(|_| ())).await?;
-        Ok(S3Response::new(GetBucketVersioningOutput::default()))
+        let mode = blocking(move || {
+            let b = owned_bucket(&engine, &caller, &bucket, "versioning")?;
+            Ok(bucket_versioning(&engine, b.ino))
+        })
+        .await?;
+        let status = mode.map(|m| {
+            BucketVersioningStatus::from_static(match m {
+                VersionMode::Enabled => BucketVersioningStatus::ENABLED,
+                VersionMode::Suspended => BucketVersioningStatus::SUSPENDED,
+            })
+        });
+        Ok(S3Response::new(GetBucketVersioningOutput { status, mfa_delete: None }))
+    }
+
+    /// Enables or suspends versioning (the bucket owner or an administrator). A bucket once
+    /// versioned stays versioned or suspended, as in S3.
+    async fn put_bucket_versioning(&self, req: S3Request<PutBucketVersioningInput>) -> S3Result<S3Response<PutBucketVersioningOutput>> {
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        let cfg = input.versioning_configuration;
+        if cfg.mfa_delete.as_ref().is_some_and(|m| m.as_str() != MFADelete::DISABLED) {
+            return Err(err(S3ErrorCode::NotImplemented, "MFA delete is not supported"));
+        }
+        let value: &'static [u8] = match cfg.status.as_ref().map(|s| s.as_str()) {
+            Some(BucketVersioningStatus::ENABLED) => b"Enabled",
+            Some(BucketVersioningStatus::SUSPENDED) => b"Suspended",
+            Some(other) => return Err(err(S3ErrorCode::MalformedXML, format!("versioning status {other:?}: use Enabled or Suspended"))),
+            None => return Err(err(S3ErrorCode::MalformedXML, "give the versioning Status: Enabled or Suspended")),
+        };
+        set_bucket_setting(self.engine.clone(), caller, input.bucket, "versioning", XATTR_VERSIONING, Some(value.to_vec())).await?;
+        Ok(S3Response::new(PutBucketVersioningOutput::default()))
     }
 
     async fn get_bucket_acl(&self, req: S3Request<GetBucketAclInput>) -> S3Result<S3Response<GetBucketAclOutput>> {
@@ -1281,10 +1400,10 @@ impl S3 for AquiferS3 {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let input = req.input;
-        check_version_id(input.version_id.as_deref())?;
+        let vid = check_version_id(input.version_id.as_deref())?;
         let (owner, grants) = blocking(move || {
             let b = bucket_attr(&engine, &caller, &input.bucket)?;
-            let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
+            let a = version_attr(&engine, &caller, b.ino, object_key(&input.key)?, vid.as_deref())?;
             let stored = load_acl(&engine, &a)?;
             // As in S3, where only the owner holds READ_ACP unless granted (a grant runs the
             // request as the file's owner, see auth.rs).
@@ -1312,7 +1431,7 @@ impl S3 for AquiferS3 {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let input = req.input;
-        check_version_id(input.version_id.as_deref())?;
+        let vid = check_version_id(input.version_id.as_deref())?;
         let headers = GrantHeaders {
             read: input.grant_read.clone(),
             write: input.grant_write.clone(),
@@ -1322,7 +1441,7 @@ impl S3 for AquiferS3 {
         };
         blocking(move || {
             let b = bucket_attr(&engine, &caller, &input.bucket)?;
-            let a = object_attr(&engine, &caller, b.ino, object_key(&input.key)?)?;
+            let a = version_attr(&engine, &caller, b.ino, object_key(&input.key)?, vid.as_deref())?;
             // The S3 owner stays who it is: the file's owner, or the uploader an ACL names.
             let owner = load_acl(&engine, &a)?.map_or(a.uid, |acl| acl.owner);
             let canned = input.acl.as_ref().map(|a| a.as_str());
@@ -1421,19 +1540,20 @@ impl S3 for AquiferS3 {
         let et = etag.clone();
         // Publishing runs on the blocking pool with the guard moved there, so that a client
         // leaving now can neither interrupt it nor abort a published file.
-        blocking(move || {
+        let version_id = blocking(move || {
             if let Some(acl) = &acl {
                 // A public-read object is marked: anonymous clients may read it even in a
                 // private bucket.
                 apply_object_acl_xattrs(&staged.engine, &staged.caller, staged.ino, staged.caller.uid, acl).map_err(|e| map_err(e, Missing::Key))?;
             }
-            let a = publish(&staged.engine, &staged.caller, bucket_ino, &key, staged.ino, &et, &meta, &tags)?;
+            let (_, version_id) = publish(&staged.engine, &staged.caller, bucket_ino, &key, staged.ino, &et, &meta, &tags)?;
             staged.disarm();
-            Ok(a)
+            Ok(version_id)
         })
         .await?;
         Ok(S3Response::new(PutObjectOutput {
             e_tag: Some(quoted(&etag)),
+            version_id,
             checksum_crc32: sums.checksum_crc32,
             checksum_crc32c: sums.checksum_crc32c,
             checksum_sha1: sums.checksum_sha1,
@@ -1446,13 +1566,13 @@ impl S3 for AquiferS3 {
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
         let caller = self.caller(&req)?;
         let input = req.input;
-        check_version_id(input.version_id.as_deref())?;
+        let vid = check_version_id(input.version_id.as_deref())?;
         if input.part_number.is_some() {
             return Err(err(S3ErrorCode::NotImplemented, "GET by part number is not supported"));
         }
         let engine = self.engine.clone();
         let (e, c, bucket, key) = (engine.clone(), caller.clone(), input.bucket.clone(), input.key.clone());
-        let view = blocking(move || view_object(&e, &c, &bucket, &key)).await?;
+        let view = blocking(move || view_object(&e, &c, &bucket, &key, vid.as_deref())).await?;
         let conds = Conditions {
             if_match: input.if_match.as_ref(),
             if_none_match: input.if_none_match.as_ref(),
@@ -1488,6 +1608,7 @@ impl S3 for AquiferS3 {
             tag_count: (view.tags > 0).then_some(view.tags as i32),
             parts_count: parts_count(&view.etag),
             storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+            version_id: view.version_id,
             ..Default::default()
         };
         Ok(S3Response::new(out))
@@ -1496,10 +1617,10 @@ impl S3 for AquiferS3 {
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
         let caller = self.caller(&req)?;
         let input = req.input;
-        check_version_id(input.version_id.as_deref())?;
+        let vid = check_version_id(input.version_id.as_deref())?;
         let engine = self.engine.clone();
         let (bucket, key) = (input.bucket.clone(), input.key.clone());
-        let view = blocking(move || view_object(&engine, &caller, &bucket, &key)).await?;
+        let view = blocking(move || view_object(&engine, &caller, &bucket, &key, vid.as_deref())).await?;
         let conds = Conditions {
             if_match: input.if_match.as_ref(),
             if_none_match: input.if_none_match.as_ref(),
@@ -1531,6 +1652,7 @@ impl S3 for AquiferS3 {
             metadata: user_metadata(&meta),
             parts_count: parts_count(&view.etag),
             storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+            version_id: view.version_id,
             ..Default::default()
         }))
     }
@@ -1539,13 +1661,13 @@ impl S3 for AquiferS3 {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let input = req.input;
-        check_version_id(input.version_id.as_deref())?;
-        blocking(move || {
+        let vid = check_version_id(input.version_id.as_deref())?;
+        let d = blocking(move || {
             let b = bucket_attr(&engine, &caller, &input.bucket)?;
-            delete_key(&engine, &caller, b.ino, &input.key)
+            delete_key_version(&engine, &caller, b.ino, &input.key, vid.as_deref())
         })
         .await?;
-        Ok(S3Response::new(DeleteObjectOutput::default()))
+        Ok(S3Response::new(DeleteObjectOutput { delete_marker: d.delete_marker.then_some(true), version_id: d.version_id, ..Default::default() }))
     }
 
     async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
@@ -1561,17 +1683,28 @@ impl S3 for AquiferS3 {
             let b = bucket_attr(&engine, &caller, &input.bucket)?;
             let (mut deleted, mut errors) = (Vec::new(), Vec::new());
             for o in input.delete.objects {
-                let r = check_version_id(o.version_id.as_deref()).and_then(|()| {
+                let r = check_version_id(o.version_id.as_deref()).and_then(|vid| {
                     let who = match &per_key {
                         Some(p) => p.caller_for_delete(&engine, &caller, &o.key)?,
                         None => caller.clone(),
                     };
-                    delete_key(&engine, &who, b.ino, &o.key)
+                    delete_key_version(&engine, &who, b.ino, &o.key, vid.as_deref())
                 });
                 match r {
-                    Ok(()) => {
+                    Ok(d) => {
                         if !quiet {
-                            deleted.push(DeletedObject { key: Some(o.key), version_id: o.version_id, ..Default::default() });
+                            // A version removed is named as asked; a delete marker made is
+                            // named as the marker's version.
+                            let (version_id, marker_id) = match o.version_id {
+                                Some(v) => (Some(v), None),
+                                None => (None, d.version_id),
+                            };
+                            deleted.push(DeletedObject {
+                                key: Some(o.key),
+                                version_id,
+                                delete_marker: d.delete_marker.then_some(true),
+                                delete_marker_version_id: marker_id,
+                            });
                         }
                     }
                     Err(e) => errors.push(s3s::dto::Error {
@@ -1594,11 +1727,12 @@ impl S3 for AquiferS3 {
         let reader = self.source_caller(&req)?;
         let writer = req.extensions.get::<AclWriter>().map(|w| w.0);
         let input = req.input;
-        let (src_bucket, src_key) = copy_source(&input.copy_source)?;
+        let (src_bucket, src_key, src_version) = copy_source(&input.copy_source)?;
         let dst_key = object_key(&input.key)?.to_string();
         let replace_meta = input.metadata_directive.as_ref().is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
         let replace_tags = input.tagging_directive.as_ref().is_some_and(|d| d.as_str() == TaggingDirective::REPLACE);
-        if src_bucket == input.bucket && src_key == dst_key && !replace_meta {
+        // Copying an older version over its key restores it, which is allowed.
+        if src_bucket == input.bucket && src_key == dst_key && !replace_meta && src_version.is_none() {
             return Err(err(
                 S3ErrorCode::InvalidRequest,
                 "This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata.",
@@ -1609,9 +1743,10 @@ impl S3 for AquiferS3 {
         let (cim, cinm, cims, cius) =
             (input.copy_source_if_match, input.copy_source_if_none_match, input.copy_source_if_modified_since, input.copy_source_if_unmodified_since);
         let dst_bucket = input.bucket;
-        let (etag, attr) = blocking(move || {
+        let (etag, attr, version_id, source_version_id) = blocking(move || {
             let sb = bucket_attr(&engine, &reader, &src_bucket)?;
-            let src = object_attr(&engine, &reader, sb.ino, object_key(&src_key)?)?;
+            let src = version_attr(&engine, &reader, sb.ino, object_key(&src_key)?, src_version.as_deref())?;
+            let source_version_id = reported_version(&engine, sb.ino, src.ino)?;
             let conds = Conditions { if_match: cim.as_ref(), if_none_match: cinm.as_ref(), if_modified_since: cims.as_ref(), if_unmodified_since: cius.as_ref() };
             if conds.any() {
                 conds.check(&etag_of(&engine, &reader, &src)?, src.mtime_ns, false)?;
@@ -1631,13 +1766,15 @@ impl S3 for AquiferS3 {
                 engine.setattr(&caller, staged.ino, storage_engine::SetAttr { mode: Some(mode), ..Default::default() }).map_err(|e| map_err(e, Missing::Key))?;
                 apply_object_acl_xattrs(&engine, &caller, staged.ino, caller.uid, &acl).map_err(|e| map_err(e, Missing::Key))?;
             }
-            let a = publish(&engine, &caller, db.ino, &dst_key, staged.ino, &etag, &meta, &tags)?;
+            let (a, version_id) = publish(&engine, &caller, db.ino, &dst_key, staged.ino, &etag, &meta, &tags)?;
             staged.disarm();
-            Ok((etag, a))
+            Ok((etag, a, version_id, source_version_id))
         })
         .await?;
         Ok(S3Response::new(CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult { e_tag: Some(quoted(&etag)), last_modified: Some(timestamp(attr.mtime_ns)), ..Default::default() }),
+            version_id,
+            copy_source_version_id: source_version_id,
             ..Default::default()
         }))
     }
@@ -1744,39 +1881,78 @@ impl S3 for AquiferS3 {
         let max = max_keys(input.max_keys)?;
         let url = input.encoding_type.as_ref().is_some_and(|e| e.as_str() == EncodingType::URL);
         let enc = move |s: String| if url { url_encode(&s) } else { s };
-        let (bucket, prefix, delim, marker) =
-            (input.bucket.clone(), input.prefix.clone().unwrap_or_default(), input.delimiter.clone(), input.key_marker.clone().unwrap_or_default());
-        let (l, owners) = blocking(move || list_with_owners(&engine, &caller, &bucket, &prefix, delim.as_deref(), &marker, max, true)).await?;
-        let versions: Vec<ObjectVersion> = l
-            .objects
-            .into_iter()
-            .map(|(k, a, etag)| ObjectVersion {
-                key: Some(enc(k)),
-                version_id: Some("null".into()),
-                is_latest: Some(true),
-                size: Some(a.size as i64),
-                last_modified: Some(timestamp(a.mtime_ns)),
-                e_tag: Some(quoted(&etag)),
-                storage_class: Some(ObjectVersionStorageClass::from_static(ObjectVersionStorageClass::STANDARD)),
-                owner: owners.get(&a.uid).cloned(),
-                ..Default::default()
-            })
-            .collect();
-        let truncated = l.next.is_some();
+        let key_marker = input.key_marker.clone().unwrap_or_default();
+        // A version marker without a key marker means nothing (S3 refuses it).
+        let version_marker = input.version_id_marker.clone().filter(|v| !v.is_empty());
+        if version_marker.is_some() && key_marker.is_empty() {
+            return Err(err(S3ErrorCode::InvalidArgument, "A version-id marker cannot be specified without a key marker."));
+        }
+        let (bucket, prefix, delim) = (input.bucket.clone(), input.prefix.clone().unwrap_or_default(), input.delimiter.clone());
+        let (page, listed, owners) = blocking(move || {
+            let b = bucket_attr(&engine, &caller, &bucket)?;
+            if max == 0 {
+                return Ok((storage_engine::VersionPage::default(), Vec::new(), BTreeMap::new()));
+            }
+            let mut page = engine
+                .list_versions(&caller, b.ino, &prefix, delim.as_deref(), &key_marker, version_marker.as_deref(), max)
+                .map_err(|e| map_err(e, Missing::Bucket))?;
+            let mut owners = BTreeMap::new();
+            let mut listed = Vec::with_capacity(page.versions.len());
+            for v in std::mem::take(&mut page.versions) {
+                let (uid, etag) = match &v.kind {
+                    VersionKind::Object(a) => (a.uid, list_etag(&engine, &caller, a)),
+                    VersionKind::DeleteMarker { uid, .. } => (*uid, String::new()),
+                };
+                owners.entry(uid).or_insert_with(|| owner_of(&engine, uid));
+                listed.push((v, etag));
+            }
+            Ok((page, listed, owners))
+        })
+        .await?;
+        let mut versions = Vec::new();
+        let mut delete_markers = Vec::new();
+        for (v, etag) in listed {
+            match v.kind {
+                VersionKind::Object(a) => versions.push(ObjectVersion {
+                    key: Some(enc(v.key)),
+                    version_id: Some(v.id),
+                    is_latest: Some(v.latest),
+                    size: Some(a.size as i64),
+                    last_modified: Some(timestamp(a.mtime_ns)),
+                    e_tag: Some(quoted(&etag)),
+                    storage_class: Some(ObjectVersionStorageClass::from_static(ObjectVersionStorageClass::STANDARD)),
+                    owner: owners.get(&a.uid).cloned(),
+                    ..Default::default()
+                }),
+                VersionKind::DeleteMarker { uid, mtime_ns } => delete_markers.push(DeleteMarkerEntry {
+                    key: Some(enc(v.key)),
+                    version_id: Some(v.id),
+                    is_latest: Some(v.latest),
+                    last_modified: Some(timestamp(mtime_ns)),
+                    owner: owners.get(&uid).cloned(),
+                }),
+            }
+        }
+        let truncated = page.next.is_some();
+        let (next_key, next_version) = match page.next {
+            Some((k, v)) => (Some(enc(k)), v),
+            None => (None, None),
+        };
         Ok(S3Response::new(ListObjectVersionsOutput {
             name: Some(input.bucket),
             prefix: Some(input.prefix.map(enc).unwrap_or_default()),
             delimiter: input.delimiter.map(enc),
             key_marker: Some(input.key_marker.map(enc).unwrap_or_default()),
-            version_id_marker: input.version_id_marker,
-            next_key_marker: l.next.clone().map(enc),
-            next_version_id_marker: truncated.then(|| "null".to_string()),
+            version_id_marker: Some(input.version_id_marker.unwrap_or_default()),
+            next_key_marker: next_key,
+            next_version_id_marker: next_version,
             max_keys: Some(max as i32),
             is_truncated: Some(truncated),
             versions: Some(versions),
-            common_prefixes: Some(l.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(enc(p)) }).collect()),
+            delete_markers: Some(delete_markers),
+            common_prefixes: Some(page.common_prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(enc(p)) }).collect()),
             encoding_type: input.encoding_type,
-            ..Default::default()
+            request_charged: None,
         }))
     }
 
@@ -1784,26 +1960,28 @@ impl S3 for AquiferS3 {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let input = req.input;
-        check_version_id(input.version_id.as_deref())?;
-        let tags = blocking(move || {
-            let a = object_in(&engine, &caller, &input.bucket, &input.key)?;
-            Ok(load_tags(&engine, &caller, a.ino))
+        let vid = check_version_id(input.version_id.as_deref())?;
+        let (tags, version_id) = blocking(move || {
+            let b = bucket_attr(&engine, &caller, &input.bucket)?;
+            let a = version_attr(&engine, &caller, b.ino, object_key(&input.key)?, vid.as_deref())?;
+            Ok((load_tags(&engine, &caller, a.ino), reported_version(&engine, b.ino, a.ino)?))
         })
         .await?;
         let tag_set = tags.into_iter().map(|(k, v)| Tag { key: Some(k), value: Some(v) }).collect();
-        Ok(S3Response::new(GetObjectTaggingOutput { tag_set, version_id: None }))
+        Ok(S3Response::new(GetObjectTaggingOutput { tag_set, version_id }))
     }
 
     async fn put_object_tagging(&self, req: S3Request<PutObjectTaggingInput>) -> S3Result<S3Response<PutObjectTaggingOutput>> {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let input = req.input;
-        check_version_id(input.version_id.as_deref())?;
+        let vid = check_version_id(input.version_id.as_deref())?;
         let tags: Vec<(String, String)> =
             input.tagging.tag_set.into_iter().map(|t| (t.key.unwrap_or_default(), t.value.unwrap_or_default())).collect();
         check_tags(&tags)?;
         blocking(move || {
-            let a = object_in(&engine, &caller, &input.bucket, &input.key)?;
+            let b = bucket_attr(&engine, &caller, &input.bucket)?;
+            let a = version_attr(&engine, &caller, b.ino, object_key(&input.key)?, vid.as_deref())?;
             engine.setxattr(&caller, a.ino, XATTR_TAGS, &encode_tags(&tags)).map_err(|e| map_err(e, Missing::Key))
         })
         .await?;
@@ -1814,9 +1992,10 @@ impl S3 for AquiferS3 {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let input = req.input;
-        check_version_id(input.version_id.as_deref())?;
+        let vid = check_version_id(input.version_id.as_deref())?;
         blocking(move || {
-            let a = object_in(&engine, &caller, &input.bucket, &input.key)?;
+            let b = bucket_attr(&engine, &caller, &input.bucket)?;
+            let a = version_attr(&engine, &caller, b.ino, object_key(&input.key)?, vid.as_deref())?;
             match engine.removexattr(&caller, a.ino, XATTR_TAGS) {
                 Ok(()) | Err(Error::NotFound) => Ok(()),
                 Err(e) => Err(map_err(e, Missing::Key)),
@@ -1830,13 +2009,14 @@ impl S3 for AquiferS3 {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let input = req.input;
-        check_version_id(input.version_id.as_deref())?;
+        let vid = check_version_id(input.version_id.as_deref())?;
         let want = |name: &str| input.object_attributes.iter().any(|a| a.as_str() == name);
         let (w_etag, w_size, w_class, w_parts) =
             (want(ObjectAttributes::ETAG), want(ObjectAttributes::OBJECT_SIZE), want(ObjectAttributes::STORAGE_CLASS), want(ObjectAttributes::OBJECT_PARTS));
         let (bucket, key) = (input.bucket, input.key);
-        let view = blocking(move || view_object(&engine, &caller, &bucket, &key)).await?;
+        let view = blocking(move || view_object(&engine, &caller, &bucket, &key, vid.as_deref())).await?;
         Ok(S3Response::new(GetObjectAttributesOutput {
+            version_id: view.version_id,
             e_tag: w_etag.then(|| quoted(&view.etag)),
             object_size: w_size.then_some(view.attr.size as i64),
             storage_class: w_class.then(|| StorageClass::from_static(StorageClass::STANDARD)),
@@ -1929,13 +2109,13 @@ impl S3 for AquiferS3 {
         let reader = self.source_caller(&req)?;
         let input = req.input;
         let n = check_part_number(input.part_number)?;
-        let (src_bucket, src_key) = copy_source(&input.copy_source)?;
+        let (src_bucket, src_key, src_version) = copy_source(&input.copy_source)?;
         let (cim, cinm, cims, cius) =
             (input.copy_source_if_match, input.copy_source_if_none_match, input.copy_source_if_modified_since, input.copy_source_if_unmodified_since);
         let (etag, mtime) = blocking(move || {
             upload_of(&engine, &caller, &input.bucket, &input.key, &input.upload_id)?;
             let sb = bucket_attr(&engine, &reader, &src_bucket)?;
-            let src = object_attr(&engine, &reader, sb.ino, object_key(&src_key)?)?;
+            let src = version_attr(&engine, &reader, sb.ino, object_key(&src_key)?, src_version.as_deref())?;
             let conds = Conditions { if_match: cim.as_ref(), if_none_match: cinm.as_ref(), if_modified_since: cims.as_ref(), if_unmodified_since: cius.as_ref() };
             if conds.any() {
                 conds.check(&etag_of(&engine, &reader, &src)?, src.mtime_ns, false)?;
@@ -1976,7 +2156,7 @@ impl S3 for AquiferS3 {
         let tags_given: Vec<Option<String>> = given.iter().map(|p| p.e_tag.as_ref().map(|e| e.value().to_string())).collect();
         let (bucket, key, id) = (input.bucket.clone(), input.key.clone(), input.upload_id.clone());
         let (if_match, if_none_match) = (input.if_match, input.if_none_match);
-        let etag = blocking(move || {
+        let (etag, version_id) = blocking(move || {
             let (b, upload) = upload_of(&engine, &caller, &bucket, &key, &id)?;
             check_put_conditions(&engine, &caller, b.ino, &key, if_match.as_ref(), if_none_match.as_ref())?;
             let parts = engine.multipart_list_parts(&caller, &id).map_err(|e| map_err(e, Missing::Upload))?;
@@ -1999,18 +2179,21 @@ impl S3 for AquiferS3 {
             let mode = stored.get("mode").and_then(|v| v.as_u64()).map_or(FILE_MODE, |m| m as u32);
             // The canned ACL given at CreateMultipartUpload: the object is published with its
             // mode (private = 0600), never visible with a wider one.
-            let attr = engine.multipart_complete_with_mode(&caller, &id, &wanted, &[], mode).map_err(|e| map_err(e, Missing::Upload))?;
+            let versioning = bucket_versioning(&engine, b.ino);
+            let (attr, version_id) =
+                engine.multipart_complete_versioned(&caller, &id, &wanted, &[], mode, versioning).map_err(|e| map_err(e, Missing::Upload))?;
             // The object is published; its ETag and metadata follow at once. A reader in
             // between computes the MD5 itself.
             save_etag(&engine, attr.ino, &etag, &attr).map_err(|e| map_err(e, Missing::Key))?;
             write_object_xattrs(&engine, &caller, attr.ino, &meta, &tags)?;
-            Ok(etag)
+            Ok((etag, version_id.filter(|_| versioning == Some(VersionMode::Enabled))))
         })
         .await?;
         Ok(S3Response::new(CompleteMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),
             e_tag: Some(quoted(&etag)),
+            version_id,
             ..Default::default()
         }))
     }
