@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::proto::auth::ntlm::Identity;
 use crate::proto::crypto::encrypt::{is_transform, transform_session_id};
-use crate::proto::crypto::{PreauthIntegrity, SessionCipher, TRANSFORM_HEADER_LEN};
+use crate::proto::crypto::{PreauthIntegrity, SessionCipher, SigningAlgo, TRANSFORM_HEADER_LEN};
 use crate::proto::framing::MAX_FRAME_PAYLOAD;
 use crate::proto::header::{
     Command, HeaderTail, SMB2_FLAGS_ASYNC_COMMAND, SMB2_FLAGS_RELATED_OPERATIONS,
@@ -98,8 +98,8 @@ impl HandlerResponse {
 /// One response of a frame, before the responses are joined.
 struct Reply {
     bytes: Vec<u8>,
-    /// The key the response is signed with.
-    signing_key: Option<[u8; 16]>,
+    /// The key and algorithm the response is signed with.
+    signing_key: Option<([u8; 16], SigningAlgo)>,
     /// The session the response is encrypted for and its keys, when it
     /// must be encrypted.
     cipher: Option<(u64, Arc<SessionCipher>)>,
@@ -292,7 +292,7 @@ impl Continuation {
             let pushed = &replies.last().expect("just pushed").bytes;
             chain.related.update(ctx.hdr.command, &request, pushed);
             let next = run_chain(&server, &conn, &mut chain, &mut replies).await;
-            match finish_frame(&conn, replies, transform.clone()).await {
+            match finish_frame(replies, transform.clone()).await {
                 Some((frame, after_send)) => {
                     if conn.outbound.send(frame).await.is_err() {
                         return;
@@ -413,7 +413,7 @@ pub(crate) async fn dispatch_frame_unsealed(
     };
     let mut replies = Vec::new();
     let suspended = run_chain(server, conn, &mut chain, &mut replies).await;
-    let (bytes, after_send) = finish_frame(conn, replies, transform.clone()).await?;
+    let (bytes, after_send) = finish_frame(replies, transform.clone()).await?;
     let continuation = suspended.map(|suspended| Continuation {
         chain: chain.rest(),
         transform,
@@ -647,7 +647,6 @@ async fn discard_open(conn: &Arc<Connection>, req_hdr: &Smb2Header, file_id: Fil
 /// Returns the frame and the guards to drop once it is queued, or `None`
 /// for no replies.
 async fn finish_frame(
-    conn: &Connection,
     mut replies: Vec<Reply>,
     transform: Option<(u64, Arc<SessionCipher>)>,
 ) -> Option<(Unsealed, Vec<AfterSend>)> {
@@ -662,7 +661,7 @@ async fn finish_frame(
         .iter_mut()
         .flat_map(|r| std::mem::take(&mut r.after_send))
         .collect();
-    let mut frame = stitch_responses(conn, replies).await;
+    let mut frame = stitch_responses(replies).await;
     frame.cipher = cipher;
     Some((frame, after_send))
 }
@@ -746,7 +745,7 @@ fn grant_credits(conn: &Connection, req_hdr: &Smb2Header) -> u16 {
 /// Joins compound responses into one frame. Each response but the last is
 /// padded to 8 bytes and signed over its padding (MS-SMB2 3.1.4.1); the
 /// signatures are left to the writer. A lone response is not copied.
-async fn stitch_responses(conn: &Connection, responses: Vec<Reply>) -> Unsealed {
+async fn stitch_responses(responses: Vec<Reply>) -> Unsealed {
     let mut out = Vec::new();
     let mut signatures = Vec::with_capacity(responses.len());
     let response_count = responses.len();
@@ -765,15 +764,14 @@ async fn stitch_responses(conn: &Connection, responses: Vec<Reply>) -> Unsealed 
             out.extend_from_slice(&response);
             out.resize(start + len, 0);
         }
-        if let Some(key) = reply.signing_key {
-            signatures.push((start, len, key));
+        if let Some((key, algo)) = reply.signing_key {
+            signatures.push((start, len, key, algo));
         }
     }
 
     Unsealed {
         bytes: out,
         signatures,
-        algo: *conn.signing_algo.read().await,
         cipher: None,
     }
 }
@@ -829,14 +827,21 @@ async fn dispatch_one(
         debug!("dispatch start");
 
         // The request's session, kept so LOGOFF's response can still be
-        // signed with its key after the handler removes it.
-        let ctx = ReplyCtx::new(conn, &req_hdr, encrypted).await;
+        // signed with its key after the handler removes it. A request to
+        // bind this connection to a session established on another one
+        // finds it there (Aquifer patch, MS-SMB2 3.3.5.2.4, 3.3.5.5.2).
+        let mut ctx = ReplyCtx::new(conn, &req_hdr, encrypted).await;
+        if ctx.session.is_none() && is_binding_request(&req_hdr, body_bytes) {
+            ctx.session = find_session(server, req_hdr.session_id).await;
+        }
+        let ctx = ctx;
         let request_session = ctx.session.clone();
         let reply = async |resp: HandlerResponse| ctx.build(conn, resp, ReplyForm::Sync).await;
 
         // An encrypted request is not signed; its decryption checked it.
         if !encrypted
-            && let Err(status) = verify_request_signature(server, conn, &req_hdr, received).await
+            && let Err(status) =
+                verify_request_signature(conn, &req_hdr, received, request_session.as_ref()).await
         {
             return Some(Dispatched::Done(reply(HandlerResponse::err(status)).await));
         }
@@ -925,10 +930,16 @@ async fn dispatch_one(
             let sessions = conn.sessions.read().await;
             if let Some(sess_arc) = sessions.get(&sid) {
                 let mut sess = sess_arc.write().await;
-                sess.preauth_snapshot = Some(snap);
+                // A connection just bound to the session gets its own
+                // signing key and the session's keys stay (Aquifer patch);
+                // otherwise the session was just established.
+                let bound = sess.derive_channel_key(conn, &snap);
+                if !bound {
+                    sess.preauth_snapshot = Some(snap);
+                }
                 // For 3.1.1, derive the session keys from the snapshot.
                 let dialect = *conn.dialect.read().await;
-                if dialect == Some(crate::proto::messages::Dialect::Smb311) {
+                if !bound && dialect == Some(crate::proto::messages::Dialect::Smb311) {
                     sess.signing_key =
                         crate::proto::crypto::signing_key_311(&sess.session_base_key, &snap);
                     if let Some(cipher) = *conn.cipher.read().await
@@ -958,7 +969,18 @@ async fn dispatch_one(
         {
             if read_u32(bytes, 0x08) == ntstatus::STATUS_MORE_PROCESSING_REQUIRED {
                 if let Some(mut p) = session_preauth {
-                    p.update(bytes);
+                    // The hash covers the response as sent: an interim
+                    // response of a binding is signed (Aquifer patch).
+                    match response.signing_key {
+                        Some((key, algo)) => {
+                            let mut signed = bytes.clone();
+                            if let Err(e) = crate::proto::crypto::sign(&mut signed, &key, algo) {
+                                warn!(error = %e, "cannot sign SESSION_SETUP response");
+                            }
+                            p.update(&signed);
+                        }
+                        None => p.update(bytes),
+                    }
                     let sid = read_u64(bytes, 0x28);
                     conn.session_preauth.write().await.insert(sid, p);
                 }
@@ -1113,11 +1135,43 @@ async fn take_session_preauth(conn: &Arc<Connection>, session_id: u64) -> Preaut
         .clone()
 }
 
+/// SMB2_SESSION_FLAG_BINDING in a SESSION_SETUP request's Flags.
+const SESSION_FLAG_BINDING: u8 = 0x01;
+
+/// True for a SESSION_SETUP that binds this connection to an existing
+/// session (MS-SMB2 2.2.5: Flags is the byte after StructureSize).
+fn is_binding_request(hdr: &Smb2Header, body: &[u8]) -> bool {
+    hdr.command == Command::SessionSetup
+        && hdr.session_id != 0
+        && body.get(2).is_some_and(|flags| flags & SESSION_FLAG_BINDING != 0)
+}
+
+/// The session `session_id` on whichever connection holds it
+/// (GlobalSessionTable, MS-SMB2 3.3.1.5).
+pub(crate) async fn find_session(
+    server: &ServerState,
+    session_id: u64,
+) -> Option<Arc<tokio::sync::RwLock<Session>>> {
+    for conn in server.active_connections.live().await {
+        if let Some(session) = conn.sessions.read().await.get(&session_id) {
+            return Some(Arc::clone(session));
+        }
+    }
+    None
+}
+
+/// Checks a request's signature (MS-SMB2 3.3.5.2.4) with the key of its
+/// session on this connection: the channel's key on a connection bound to
+/// the session, Session.SigningKey on the connection it was established
+/// on and for a request binding a new connection. An unsigned request on
+/// a session that requires signing is refused, SESSION_SETUP included
+/// (Aquifer patch: a reauthentication must be signed as well; a binding
+/// request, not yet on this connection's table, is checked by its handler).
 async fn verify_request_signature(
-    _server: &Arc<ServerState>,
     conn: &Arc<Connection>,
     hdr: &Smb2Header,
     frame: &[u8],
+    session: Option<&Arc<tokio::sync::RwLock<Session>>>,
 ) -> Result<(), u32> {
     if hdr.command == Command::Negotiate {
         if hdr.flags & SMB2_FLAGS_SIGNED != 0 {
@@ -1128,39 +1182,29 @@ async fn verify_request_signature(
     if hdr.session_id == 0 {
         return Ok(());
     }
-    let sessions = conn.sessions.read().await;
-    let sess_arc = match sessions.get(&hdr.session_id) {
-        Some(s) => s.clone(),
-        None => {
-            // Unknown session.
-            if hdr.flags & SMB2_FLAGS_SIGNED == 0 {
-                return Ok(());
-            }
-            return Err(ntstatus::STATUS_USER_SESSION_DELETED);
-        }
-    };
-    drop(sessions);
-
-    if hdr.flags & SMB2_FLAGS_SIGNED != 0 {
-        let sess = sess_arc.read().await;
-        if matches!(sess.identity, Identity::Anonymous) {
+    let Some(sess_arc) = session else {
+        // Unknown session.
+        if hdr.flags & SMB2_FLAGS_SIGNED == 0 {
             return Ok(());
         }
-        let key = sess.signing_key;
+        return Err(ntstatus::STATUS_USER_SESSION_DELETED);
+    };
+    let sess = sess_arc.read().await;
+    if matches!(sess.identity, Identity::Anonymous) {
+        return Ok(());
+    }
+    if hdr.flags & SMB2_FLAGS_SIGNED != 0 {
+        let (key, algo) = sess.signing_key_for(conn, *conn.signing_algo.read().await);
         drop(sess);
-        let algo = *conn.signing_algo.read().await;
         if let Err(e) = crate::proto::crypto::verify(frame, &key, algo) {
             warn!(error = %e, "request signature verification failed");
             return Err(ntstatus::STATUS_ACCESS_DENIED);
         }
-    } else if hdr.command != Command::SessionSetup {
-        let sess = sess_arc.read().await;
-        let need = sess.signing_required && !matches!(sess.identity, Identity::Anonymous);
-        drop(sess);
-        if need {
-            warn!(?hdr.command, "missing required signature on request");
-            return Err(ntstatus::STATUS_ACCESS_DENIED);
-        }
+    } else if sess.signing_required
+        && (hdr.command != Command::SessionSetup || conn.sessions.read().await.contains_key(&hdr.session_id))
+    {
+        warn!(?hdr.command, "missing required signature on request");
+        return Err(ntstatus::STATUS_ACCESS_DENIED);
     }
     Ok(())
 }
@@ -1176,7 +1220,7 @@ async fn build_response_bytes(
     request_session: Option<&Arc<tokio::sync::RwLock<crate::conn::state::Session>>>,
     granted: u16,
     form: ReplyForm,
-) -> (Vec<u8>, Option<[u8; 16]>) {
+) -> (Vec<u8>, Option<([u8; 16], SigningAlgo)>) {
     let mut hdr = *req_hdr;
     hdr.credit_request_response = granted;
     hdr.flags |= SMB2_FLAGS_SERVER_TO_REDIR;
@@ -1207,7 +1251,7 @@ async fn build_response_bytes(
     let is_session_setup_success =
         req_hdr.command == Command::SessionSetup && handler_resp.status == ntstatus::STATUS_SUCCESS;
     let mut should_sign = false;
-    let mut key = [0u8; 16];
+    let mut key = ([0u8; 16], SigningAlgo::HmacSha256);
     if !handler_resp.skip_signing
         && hdr.session_id != 0
         && (request_was_signed || is_session_setup_success)
@@ -1222,7 +1266,7 @@ async fn build_response_bytes(
             let sess = sess_arc.read().await;
             let is_anon = matches!(sess.identity, Identity::Anonymous);
             if !is_anon && sess.signing_key != [0u8; 16] {
-                key = sess.signing_key;
+                key = sess.signing_key_for(conn, *conn.signing_algo.read().await);
                 should_sign = true;
             }
         }

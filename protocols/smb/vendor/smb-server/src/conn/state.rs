@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::proto::auth::ntlm::{Identity, NtlmServer};
 use crate::proto::crypto::{Cipher, PreauthIntegrity, SessionCipher, SigningAlgo};
@@ -154,9 +154,11 @@ impl Connection {
         self.closing.load(Ordering::Acquire)
     }
 
-    /// Removes the session `session_id` and ends its opens; with `keep`,
-    /// the durable opens that qualify stay in that table. Returns false
-    /// when the connection has no such session.
+    /// Ends the session `session_id` and its opens; with `keep`, the
+    /// durable opens that qualify stay in that table. A session bound to
+    /// other connections (multichannel) ends on all of them (MS-SMB2
+    /// 3.3.5.6, 3.3.5.5.3). Returns false when the connection has no such
+    /// session.
     pub async fn close_session(&self, session_id: u64, keep: Option<&Arc<DurableTable>>) -> bool {
         let keep = keep.map(|table| (table, table.sweeps()));
         let removed = self.sessions.write().await.remove(&session_id);
@@ -165,6 +167,24 @@ impl Connection {
         };
         self.pending
             .stop_where(Stop::Retry, |op| op.session_id == session_id);
+        // Aquifer patch: the session's other channels lose it too.
+        let others = sess_arc.read().await.channel_connections();
+        for other in others {
+            if std::ptr::eq(Arc::as_ptr(&other), self) {
+                continue;
+            }
+            let mut sessions = other.sessions.write().await;
+            if sessions
+                .get(&session_id)
+                .is_some_and(|s| Arc::ptr_eq(s, &sess_arc))
+            {
+                sessions.remove(&session_id);
+                drop(sessions);
+                other
+                    .pending
+                    .stop_where(Stop::Retry, |op| op.session_id == session_id);
+            }
+        }
         end_opens(detach_session(&sess_arc).await, keep).await;
         true
     }
@@ -282,13 +302,18 @@ impl Connection {
 
     /// Closes every session and tree of the connection and ends their
     /// opens; with `keep`, the durable opens that qualify stay in that
-    /// table. Runs when the connection ends.
+    /// table. Runs when the connection ends. A session that is still bound
+    /// to another connection (multichannel) only loses this channel and
+    /// lives on there (MS-SMB2 3.3.7.1).
     pub async fn close_all(&self, keep: Option<&Arc<DurableTable>>) {
         let keep = keep.map(|table| (table, table.sweeps()));
         let sessions: Vec<_> = self.sessions.write().await.drain().collect();
         let mut opens = Vec::new();
         for (_, sess_arc) in sessions {
-            opens.extend(detach_session(&sess_arc).await);
+            let still_bound = sess_arc.read().await.remove_channel(self);
+            if !still_bound {
+                opens.extend(detach_session(&sess_arc).await);
+            }
         }
         end_opens(opens, keep).await;
     }
@@ -341,8 +366,40 @@ pub struct Session {
     /// 3.1.1: snapshot taken at SESSION_SETUP completion (after the request
     /// hash but before the response is hashed). Used as KDF context.
     pub preauth_snapshot: Option<[u8; 64]>,
+    /// What the connection the session was established on negotiated, which
+    /// a connection binding to it must match (MS-SMB2 3.3.5.5.2). `None`
+    /// for a session that cannot be bound (Aquifer patch).
+    pub origin: Option<SessionOrigin>,
+    /// Session.ChannelList: the connections the session is reachable on,
+    /// the one it was established on first (Aquifer patch).
+    channels: Mutex<Vec<Channel>>,
 
     next_tree_id: AtomicU32,
+}
+
+/// The negotiated state of the connection a session was established on.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionOrigin {
+    pub dialect: Dialect,
+    pub signing_algo: SigningAlgo,
+    pub cipher: Option<Cipher>,
+    pub client_guid: Uuid,
+    /// A guest session (anonymous sessions have an anonymous identity).
+    pub guest: bool,
+}
+
+/// One connection of a session (MS-SMB2 Channel).
+struct Channel {
+    conn: Weak<Connection>,
+    /// Channel.SigningKey of a connection bound to the session; `None` on
+    /// the connection the session was established on, which signs with
+    /// Session.SigningKey.
+    signing_key: Option<[u8; 16]>,
+    /// The signing algorithm of that connection.
+    algo: SigningAlgo,
+    /// SMB 3.1.1: the session key of the binding exchange, until the
+    /// preauth hash that derives Channel.SigningKey from it is known.
+    pending_key: Option<[u8; 16]>,
 }
 
 impl Session {
@@ -362,6 +419,8 @@ impl Session {
             cipher: None,
             trees: RwLock::new(HashMap::new()),
             preauth_snapshot,
+            origin: None,
+            channels: Mutex::new(Vec::new()),
             next_tree_id: AtomicU32::new(1),
         }
     }
@@ -372,6 +431,96 @@ impl Session {
 
     pub fn is_anonymous(&self) -> bool {
         matches!(self.identity, Identity::Anonymous)
+    }
+
+    fn lock_channels(&self) -> std::sync::MutexGuard<'_, Vec<Channel>> {
+        self.channels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records `conn` as a channel of the session: the connection it was
+    /// established on (`signing_key` `None`), or one bound to it with its
+    /// own Channel.SigningKey. For SMB 3.1.1 the key is derived later from
+    /// `pending_key` by [`Session::derive_channel_key`].
+    pub(crate) fn add_channel(
+        &self,
+        conn: &Arc<Connection>,
+        signing_key: Option<[u8; 16]>,
+        algo: SigningAlgo,
+        pending_key: Option<[u8; 16]>,
+    ) {
+        let mut channels = self.lock_channels();
+        channels.retain(|c| {
+            c.conn.strong_count() > 0 && !std::ptr::eq(c.conn.as_ptr(), Arc::as_ptr(conn))
+        });
+        channels.push(Channel {
+            conn: Arc::downgrade(conn),
+            signing_key,
+            algo,
+            pending_key,
+        });
+    }
+
+    /// SMB 3.1.1: derives Channel.SigningKey of `conn` from the binding
+    /// exchange's session key and its preauth hash. Returns false when
+    /// `conn` has no channel waiting for its key.
+    pub(crate) fn derive_channel_key(&self, conn: &Connection, preauth: &[u8; 64]) -> bool {
+        let mut channels = self.lock_channels();
+        let Some(channel) = channels
+            .iter_mut()
+            .find(|c| std::ptr::eq(c.conn.as_ptr(), conn) && c.pending_key.is_some())
+        else {
+            return false;
+        };
+        let key = channel.pending_key.take().expect("checked above");
+        channel.signing_key = Some(crate::proto::crypto::signing_key_311(&key, preauth));
+        true
+    }
+
+    /// Removes `conn` from the channels; true when another live connection
+    /// still holds the session.
+    pub(crate) fn remove_channel(&self, conn: &Connection) -> bool {
+        let mut channels = self.lock_channels();
+        channels.retain(|c| c.conn.strong_count() > 0 && !std::ptr::eq(c.conn.as_ptr(), conn));
+        !channels.is_empty()
+    }
+
+    /// True when `conn` is a channel of the session.
+    pub(crate) fn has_channel(&self, conn: &Connection) -> bool {
+        self.lock_channels()
+            .iter()
+            .any(|c| std::ptr::eq(c.conn.as_ptr(), conn))
+    }
+
+    /// The live connections of the session.
+    pub(crate) fn channel_connections(&self) -> Vec<Arc<Connection>> {
+        self.lock_channels()
+            .iter()
+            .filter_map(|c| c.conn.upgrade())
+            .collect()
+    }
+
+    /// The key and algorithm that sign the session's messages on `conn`,
+    /// whose algorithm is `conn_algo` (MS-SMB2 3.3.4.1.1, 3.3.5.2.4): the
+    /// channel's own key on a connection bound to the session, otherwise
+    /// Session.SigningKey with the algorithm of the connection the session
+    /// was established on, as a binding request is signed.
+    pub(crate) fn signing_key_for(
+        &self,
+        conn: &Connection,
+        conn_algo: SigningAlgo,
+    ) -> ([u8; 16], SigningAlgo) {
+        let channels = self.lock_channels();
+        if let Some((key, algo)) = channels
+            .iter()
+            .filter(|c| std::ptr::eq(c.conn.as_ptr(), conn))
+            .find_map(|c| c.signing_key.map(|k| (k, c.algo)))
+        {
+            return (key, algo);
+        }
+        let algo = self.origin.map_or(conn_algo, |o| o.signing_algo);
+        (self.signing_key, algo)
     }
 }
 

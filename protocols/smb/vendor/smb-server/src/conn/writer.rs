@@ -31,9 +31,10 @@ pub const QUEUED_NOTICE_BYTES: usize = 1024 * 1024;
 /// next request while a MiB-sized READ response is signed and sent.
 pub struct Unsealed {
     pub(crate) bytes: Vec<u8>,
-    /// Start, length and signing key of each response in `bytes` to sign.
-    pub(crate) signatures: Vec<(usize, usize, [u8; 16])>,
-    pub(crate) algo: SigningAlgo,
+    /// Start, length, signing key and algorithm of each response in
+    /// `bytes` to sign (Aquifer patch: a session bound to several
+    /// connections signs with each channel's key and algorithm).
+    pub(crate) signatures: Vec<(usize, usize, [u8; 16], SigningAlgo)>,
     /// The session the frame is encrypted for and its keys.
     pub(crate) cipher: Option<(u64, Arc<SessionCipher>)>,
 }
@@ -44,7 +45,6 @@ impl Unsealed {
         Self {
             bytes,
             signatures: Vec::new(),
-            algo: SigningAlgo::HmacSha256,
             cipher: None,
         }
     }
@@ -58,12 +58,12 @@ impl Unsealed {
     /// encryption takes a fresh nonce from the session's counter, so frames
     /// sealed in any order never share one.
     pub(crate) fn seal(mut self) -> ProtoResult<Vec<u8>> {
-        for &(start, len, key) in &self.signatures {
+        for &(start, len, key, algo) in &self.signatures {
             let response = self
                 .bytes
                 .get_mut(start..start + len)
                 .ok_or(ProtoError::Malformed("signed response outside its frame"))?;
-            sign(response, &key, self.algo)?;
+            sign(response, &key, algo)?;
         }
         match self.cipher {
             Some((session_id, cipher)) => cipher.encrypt(session_id, &self.bytes),

@@ -26,6 +26,9 @@ const SIGNING_REQUIRED: u16 = 0x0002;
 const CAP_LEASING: u32 = 0x0000_0002;
 const CAP_LARGE_MTU: u32 = 0x0000_0004;
 const CAP_ENCRYPTION: u32 = 0x0000_0040;
+/// SMB2_GLOBAL_CAP_MULTI_CHANNEL: sessions may be bound to several
+/// connections (Aquifer patch).
+pub(crate) const CAP_MULTI_CHANNEL: u32 = 0x0000_0008;
 
 /// Size of the fixed part of a NEGOTIATE request, before Dialects.
 const NEGOTIATE_FIXED_LEN: usize = 36;
@@ -69,6 +72,9 @@ pub(crate) fn server_capabilities(dialect: Dialect, client_capabilities: u32) ->
         && client_capabilities & CAP_ENCRYPTION != 0
     {
         caps |= CAP_ENCRYPTION;
+    }
+    if matches!(dialect, Dialect::Smb300 | Dialect::Smb302 | Dialect::Smb311) {
+        caps |= CAP_MULTI_CHANNEL;
     }
     caps
 }

@@ -11,12 +11,14 @@ use crate::proto::auth::ntlm::{
 use crate::proto::auth::spnego::{
     NegState, NegTokenInit, OID_NTLMSSP, decode_init_token, decode_resp_token, encode_resp_token,
 };
-use crate::proto::crypto::{SessionCipher, signing_key_30};
+use crate::proto::crypto::{SessionCipher, SigningAlgo, signing_key_30};
+use crate::proto::error::ProtoError;
+use crate::proto::header::SMB2_FLAGS_SIGNED;
 use crate::proto::header::Smb2Header;
 use crate::proto::messages::{Dialect, SessionSetupRequest, SessionSetupResponse};
 use tracing::{debug, info, warn};
 
-use crate::conn::state::{Connection, MAX_PENDING_AUTHS, PendingAuth, Session};
+use crate::conn::state::{Connection, MAX_PENDING_AUTHS, PendingAuth, Session, SessionOrigin};
 use crate::dispatch::HandlerResponse;
 use crate::ntstatus;
 use crate::server::ServerState;
@@ -116,9 +118,14 @@ pub async fn handle(
     }
 
     let sid = hdr.session_id;
-    // MS-SMB2 3.3.5.5: multichannel is not supported, so binding fails.
-    if sid != 0 && req.flags & SessionSetupRequest::FLAG_BINDING != 0 {
-        return HandlerResponse::err(ntstatus::STATUS_REQUEST_NOT_ACCEPTED);
+    let signed = hdr.flags & SMB2_FLAGS_SIGNED != 0;
+    // Aquifer patch: binding this connection to a session established on
+    // another one (multichannel, MS-SMB2 3.3.5.5.2).
+    if req.flags & SessionSetupRequest::FLAG_BINDING != 0 {
+        if sid == 0 {
+            return HandlerResponse::err(ntstatus::STATUS_INVALID_PARAMETER);
+        }
+        return bind(server, conn, hdr, &req).await;
     }
 
     let token = match Token::decode(blob) {
@@ -130,13 +137,13 @@ pub async fn handle(
         Token::Raw { msg_type: 1, ntlm } => Opening::Raw(ntlm),
         Token::Init(init) => Opening::Spnego(init),
         Token::Raw { ntlm, .. } => {
-            return continue_or_reject(server, conn, &req, sid, ntlm, None).await;
+            return continue_or_reject(server, conn, &req, sid, ntlm, None, None).await;
         }
         Token::Resp {
             ntlm,
             mech_list_mic,
         } => {
-            return continue_or_reject(server, conn, &req, sid, ntlm, mech_list_mic).await;
+            return continue_or_reject(server, conn, &req, sid, ntlm, mech_list_mic, None).await;
         }
     };
 
@@ -146,7 +153,7 @@ pub async fn handle(
             return HandlerResponse::err(ntstatus::STATUS_INSUFFICIENT_RESOURCES);
         }
         let new_sid = server.auth.alloc_session_id();
-        return begin_exchange(server, conn, new_sid, opening).await;
+        return begin_exchange(server, conn, new_sid, opening, false).await;
     }
     // A first token for a known session starts over: reauthentication of
     // an established session (MS-SMB2 3.3.5.5.2), or a restart of one in
@@ -156,7 +163,107 @@ pub async fn handle(
     if !known {
         return HandlerResponse::err(ntstatus::STATUS_USER_SESSION_DELETED);
     }
-    begin_exchange(server, conn, sid, opening).await
+    begin_exchange(server, conn, sid, opening, signed).await
+}
+
+/// A SESSION_SETUP with SMB2_SESSION_FLAG_BINDING (MS-SMB2 3.3.5.5.2): the
+/// session must exist on some connection, this connection must match the
+/// one it was established on, and the request must be signed with the
+/// session's key (the dispatcher checked the signature). Each round runs
+/// the checks again; a refusal changes nothing. The statuses and their
+/// order are those Windows and Samba answer (smbtorture's
+/// `smb2.session.bind_negative_*`).
+async fn bind(
+    server: &Arc<ServerState>,
+    conn: &Arc<Connection>,
+    hdr: &Smb2Header,
+    req: &SessionSetupRequest,
+) -> HandlerResponse {
+    let sid = hdr.session_id;
+    let Some(session) = crate::dispatch::find_session(server, sid).await else {
+        return HandlerResponse::err(ntstatus::STATUS_USER_SESSION_DELETED);
+    };
+    if let Err(status) = binding_refused(conn, hdr, &session).await {
+        info!(
+            session = sid,
+            status = format_args!("{status:#010x}"),
+            "session binding refused"
+        );
+        return HandlerResponse::err(status);
+    }
+    let token = match Token::decode(&req.security_buffer) {
+        Ok(t) => t,
+        Err(status) => return HandlerResponse::err(status),
+    };
+    let opening = match token {
+        Token::Raw { msg_type: 1, ntlm } => Opening::Raw(ntlm),
+        Token::Init(init) => Opening::Spnego(init),
+        Token::Raw { ntlm, .. } => {
+            return continue_or_reject(server, conn, req, sid, ntlm, None, Some(session)).await;
+        }
+        Token::Resp {
+            ntlm,
+            mech_list_mic,
+        } => {
+            return continue_or_reject(server, conn, req, sid, ntlm, mech_list_mic, Some(session))
+                .await;
+        }
+    };
+    // A first token starts the exchange over.
+    conn.pending_auths.write().await.remove(&sid);
+    begin_exchange(server, conn, sid, opening, true).await
+}
+
+/// Why this connection cannot be bound to `session`, if it cannot.
+async fn binding_refused(
+    conn: &Connection,
+    hdr: &Smb2Header,
+    session: &Arc<tokio::sync::RwLock<Session>>,
+) -> Result<(), u32> {
+    let sess = session.read().await;
+    let Some(origin) = sess.origin else {
+        return Err(ntstatus::STATUS_REQUEST_NOT_ACCEPTED);
+    };
+    let algo = *conn.signing_algo.read().await;
+    let dialect = *conn.dialect.read().await;
+    let cipher = *conn.cipher.read().await;
+    let client_guid = *conn.client_guid.read().await;
+    let multi_channel = conn
+        .client_negotiate
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .as_ref()
+        .is_some_and(|n| n.capabilities & crate::handlers::negotiate::CAP_MULTI_CHANNEL != 0);
+    // AES-GMAC on either side only binds to AES-GMAC (MS-SMB2 3.3.5.5.2).
+    if origin.signing_algo == SigningAlgo::AesGmac && algo != origin.signing_algo {
+        return Err(ntstatus::STATUS_REQUEST_OUT_OF_SEQUENCE);
+    }
+    if algo == SigningAlgo::AesGmac && algo != origin.signing_algo {
+        return Err(ntstatus::STATUS_NOT_SUPPORTED);
+    }
+    let smb3 = matches!(
+        dialect,
+        Some(Dialect::Smb300 | Dialect::Smb302 | Dialect::Smb311)
+    );
+    if !smb3 || !multi_channel {
+        return Err(ntstatus::STATUS_REQUEST_NOT_ACCEPTED);
+    }
+    if dialect != Some(origin.dialect) || cipher != origin.cipher {
+        return Err(ntstatus::STATUS_INVALID_PARAMETER);
+    }
+    if client_guid != origin.client_guid {
+        return Err(ntstatus::STATUS_USER_SESSION_DELETED);
+    }
+    if hdr.flags & SMB2_FLAGS_SIGNED == 0 {
+        return Err(ntstatus::STATUS_INVALID_PARAMETER);
+    }
+    if sess.is_anonymous() || origin.guest {
+        return Err(ntstatus::STATUS_NOT_SUPPORTED);
+    }
+    if sess.has_channel(conn) || conn.sessions.read().await.contains_key(&hdr.session_id) {
+        return Err(ntstatus::STATUS_REQUEST_NOT_ACCEPTED);
+    }
+    Ok(())
 }
 
 /// A token that continues the exchange of `sid`.
@@ -167,6 +274,7 @@ async fn continue_or_reject(
     sid: u64,
     ntlm: Vec<u8>,
     client_mic: Option<Vec<u8>>,
+    binding: Option<Arc<tokio::sync::RwLock<Session>>>,
 ) -> HandlerResponse {
     if sid == 0 {
         return HandlerResponse::err(ntstatus::STATUS_INVALID_PARAMETER);
@@ -175,7 +283,7 @@ async fn continue_or_reject(
     let Some(pending) = pending else {
         return HandlerResponse::err(ntstatus::STATUS_USER_SESSION_DELETED);
     };
-    continue_exchange(server, conn, req, sid, pending, ntlm, client_mic).await
+    continue_exchange(server, conn, req, sid, pending, ntlm, client_mic, binding).await
 }
 
 /// First round: start an NTLM acceptor for `sid` and answer with the
@@ -185,6 +293,7 @@ async fn begin_exchange(
     conn: &Arc<Connection>,
     sid: u64,
     opening: Opening,
+    signed: bool,
 ) -> HandlerResponse {
     let mut server_challenge = [0u8; 8];
     if let Err(e) = fill_random(&mut server_challenge) {
@@ -251,7 +360,7 @@ async fn begin_exchange(
         }
         pa.insert(sid, Arc::new(std::sync::Mutex::new((acceptor, raw))));
     }
-    more_processing(sid, &outbound)
+    more_processing(sid, &outbound, signed)
 }
 
 /// Feeds the client's NEGOTIATE_MESSAGE to `acceptor` and returns the
@@ -264,7 +373,10 @@ fn accept_negotiate(acceptor: &mut NtlmServer, ntlm: &[u8]) -> Result<Vec<u8>, u
     Ok(acceptor.challenge())
 }
 
-fn more_processing(sid: u64, outbound: &[u8]) -> HandlerResponse {
+/// An interim SESSION_SETUP response. One to a signed request (a
+/// reauthentication or a binding, Aquifer patch) is signed with the key the
+/// request was signed with, as clients check; a new session has no key yet.
+fn more_processing(sid: u64, outbound: &[u8], signed: bool) -> HandlerResponse {
     let body_out =
         build_session_setup_response(ntstatus::STATUS_MORE_PROCESSING_REQUIRED, outbound, 0);
     HandlerResponse {
@@ -272,7 +384,7 @@ fn more_processing(sid: u64, outbound: &[u8]) -> HandlerResponse {
         status: ntstatus::STATUS_MORE_PROCESSING_REQUIRED,
         override_tree_id: None,
         override_session_id: Some(sid),
-        skip_signing: true, // no key yet
+        skip_signing: !signed,
         take_preauth_snapshot_for_session: None,
         after_send: Vec::new(),
         header_room: false,
@@ -288,6 +400,7 @@ async fn continue_exchange(
     pending: PendingAuth,
     ntlm: Vec<u8>,
     client_mic: Option<Vec<u8>>,
+    binding: Option<Arc<tokio::sync::RwLock<Session>>>,
 ) -> HandlerResponse {
     // After a counter-proposal the client's next token is the NTLM
     // NEGOTIATE_MESSAGE.
@@ -307,11 +420,16 @@ async fn continue_exchange(
     if let Some(challenge) = challenge {
         let outbound = encode_resp_token(NegState::AcceptIncomplete, None, Some(&challenge), None);
         conn.pending_auths.write().await.insert(sid, pending);
-        return more_processing(sid, &outbound);
+        return more_processing(sid, &outbound, binding.is_some());
     }
 
-    // A session that already exists is being reauthenticated.
-    let existing = conn.sessions.read().await.get(&sid).cloned();
+    // A session that already exists is being reauthenticated; a binding
+    // authenticates for a session of another connection.
+    let existing = if binding.is_some() {
+        None
+    } else {
+        conn.sessions.read().await.get(&sid).cloned()
+    };
 
     // The failed-logon throttle counts by the user name the client sent and
     // by the client's address. The guest password is empty and known to
@@ -356,7 +474,12 @@ async fn continue_exchange(
             .authenticate(&ntlm, lookup)
             .map_err(|e| {
                 info!(error = %e, "NTLM authenticate failed");
-                ntstatus::STATUS_LOGON_FAILURE
+                // A message that does not parse is refused as Windows and
+                // Samba refuse it (Aquifer patch).
+                match e {
+                    ProtoError::Malformed(_) => ntstatus::STATUS_INVALID_PARAMETER,
+                    _ => ntstatus::STATUS_LOGON_FAILURE,
+                }
             })
             .and_then(|mut outcome| {
                 // The session carries the configured spelling of the name,
@@ -479,6 +602,19 @@ async fn continue_exchange(
         info!(%identity, "session reauthenticated");
         return response;
     }
+    if let Some(session) = binding {
+        return bind_channel(
+            server,
+            conn,
+            sid,
+            &session,
+            &outcome.identity,
+            &session_base_key,
+            dialect,
+            response,
+        )
+        .await;
+    }
 
     let signing_key = signing_key(dialect, &session_base_key);
     let signing_required = signing_required(server, conn, req, &outcome.identity);
@@ -490,6 +626,13 @@ async fn continue_exchange(
         None,
     );
     session.encrypt_data = encrypt_data;
+    session.origin = Some(SessionOrigin {
+        dialect,
+        signing_algo: *conn.signing_algo.read().await,
+        cipher: *conn.cipher.read().await,
+        client_guid: *conn.client_guid.read().await,
+        guest,
+    });
     // SMB 3.1.1 keys come from the preauth hash, once it is known.
     if dialect != Dialect::Smb311
         && let Some(cipher) = cipher
@@ -520,6 +663,10 @@ async fn continue_exchange(
             info!("user removed or changed during logon");
             return HandlerResponse::err(ntstatus::STATUS_LOGON_FAILURE);
         }
+        session_arc
+            .read()
+            .await
+            .add_channel(conn, None, *conn.signing_algo.read().await, None);
         sessions.insert(sid, session_arc);
     }
 
@@ -531,6 +678,69 @@ async fn continue_exchange(
         response.take_preauth_snapshot_for_session = Some(sid);
     }
     info!(%identity, "session established");
+    response
+}
+
+/// Ends a successful binding: the user must be the session's (MS-SMB2
+/// 3.3.5.5.3), and this connection becomes a channel of the session with
+/// its own signing key, derived from this exchange's session key (for SMB
+/// 3.1.1 with this connection's preauth hash, once known; the dispatcher
+/// derives it before the response is signed with it).
+#[allow(clippy::too_many_arguments)]
+async fn bind_channel(
+    server: &ServerState,
+    conn: &Arc<Connection>,
+    sid: u64,
+    session: &Arc<tokio::sync::RwLock<Session>>,
+    identity: &Identity,
+    channel_session_key: &[u8; 16],
+    dialect: Dialect,
+    mut response: HandlerResponse,
+) -> HandlerResponse {
+    let (same, encrypt_data) = {
+        let sess = session.read().await;
+        (same_user(&sess.identity, identity), sess.encrypt_data)
+    };
+    if !same {
+        info!("binding as another user refused");
+        return HandlerResponse::err(ntstatus::STATUS_ACCESS_DENIED);
+    }
+    let algo = *conn.signing_algo.read().await;
+    let (key, pending) = if dialect == Dialect::Smb311 {
+        (None, Some(*channel_session_key))
+    } else {
+        (Some(signing_key_30(channel_session_key)), None)
+    };
+    // The session may have ended while this exchange ran.
+    if crate::dispatch::find_session(server, sid)
+        .await
+        .is_none_or(|found| !Arc::ptr_eq(&found, session))
+    {
+        return HandlerResponse::err(ntstatus::STATUS_USER_SESSION_DELETED);
+    }
+    {
+        let mut sessions = conn.sessions.write().await;
+        if session_limit_reached(server, &sessions) {
+            warn!("session limit reached on connection");
+            return HandlerResponse::err(ntstatus::STATUS_INSUFFICIENT_RESOURCES);
+        }
+        sessions.insert(sid, Arc::clone(session));
+    }
+    session.read().await.add_channel(conn, key, algo, pending);
+    if encrypt_data {
+        let token = SessionSetupResponse::parse(&response.body)
+            .map(|r| r.security_buffer)
+            .unwrap_or_default();
+        response.body = build_session_setup_response(
+            ntstatus::STATUS_SUCCESS,
+            &token,
+            SessionSetupResponse::FLAG_ENCRYPT_DATA,
+        );
+    }
+    if dialect == Dialect::Smb311 {
+        response.take_preauth_snapshot_for_session = Some(sid);
+    }
+    info!(session = sid, "connection bound to session");
     response
 }
 

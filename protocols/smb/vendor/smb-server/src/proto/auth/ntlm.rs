@@ -492,6 +492,17 @@ fn ntlmv2_av_flags(nt_response: &[u8]) -> u32 {
         .map_or(0, |v| u32::from_le_bytes([v[0], v[1], v[2], v[3]]))
 }
 
+/// True when an NTLMv2 response holds an NTLMv2_CLIENT_CHALLENGE: RespType
+/// and HiRespType 1, the fixed fields, then AV_PAIRs ending with MsvAvEOL.
+fn ntlmv2_client_challenge_parses(nt_response: &[u8]) -> bool {
+    let Some(header) = nt_response.get(16..NTLMV2_AV_PAIRS_OFFSET) else {
+        return false;
+    };
+    header[0] == 1
+        && header[1] == 1
+        && decode_av_pairs(&nt_response[NTLMV2_AV_PAIRS_OFFSET..]).is_ok()
+}
+
 /// RC4K(key, data) from MS-NLMP 6.
 fn rc4k(key: &[u8; 16], data: &[u8; 16]) -> [u8; 16] {
     let mut out = *data;
@@ -807,6 +818,13 @@ impl NtlmServer {
         //   16 bytes NTProofStr || NTLMv2_CLIENT_CHALLENGE blob
         if auth.nt_response.len() < 16 {
             return Err(ProtoError::Auth("NT response too short"));
+        }
+        // Aquifer patch: an NTLMv2 response (longer than the 24 bytes of
+        // NTLMv1) whose NTLMv2_CLIENT_CHALLENGE (MS-NLMP 2.2.2.7) does not
+        // parse is malformed, not a wrong password: Windows and Samba answer
+        // it STATUS_INVALID_PARAMETER.
+        if auth.nt_response.len() > 24 && !ntlmv2_client_challenge_parses(&auth.nt_response) {
+            return Err(ProtoError::Malformed("NTLMv2 client challenge"));
         }
         let (nt_proof_supplied, client_challenge) = auth.nt_response.split_at(16);
 
