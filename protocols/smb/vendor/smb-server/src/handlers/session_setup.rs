@@ -1128,4 +1128,314 @@ mod tests {
         assert_ne!(logon.await.unwrap(), ntstatus::STATUS_SUCCESS);
         assert!(conn.sessions.read().await.is_empty());
     }
+
+    // ---- Session binding (Aquifer patch).
+
+    use crate::handlers::negotiate::{CAP_MULTI_CHANNEL, ClientNegotiate};
+
+    const CLIENT_GUID: uuid::Uuid = uuid::Uuid::from_u128(0x5eed);
+
+    /// An SMB 3.0 connection of the client `CLIENT_GUID` signing with
+    /// AES-CMAC whose NEGOTIATE offered multichannel.
+    async fn smb3_connection(state: &Arc<ServerState>) -> Arc<Connection> {
+        let conn = connection(state).await;
+        *conn.dialect.write().await = Some(Dialect::Smb300);
+        *conn.signing_algo.write().await = SigningAlgo::AesCmac;
+        *conn.client_guid.write().await = CLIENT_GUID;
+        *conn.client_negotiate.lock().unwrap() = Some(ClientNegotiate {
+            capabilities: CAP_MULTI_CHANNEL,
+            security_mode: 1,
+            guid: *CLIENT_GUID.as_bytes(),
+            dialects: vec![0x0300],
+        });
+        conn
+    }
+
+    fn signed(mut hdr: Smb2Header) -> Smb2Header {
+        hdr.flags |= SMB2_FLAGS_SIGNED;
+        hdr
+    }
+
+    fn binding_body(token: &[u8]) -> Vec<u8> {
+        let mut body = body(token);
+        body[2] = SessionSetupRequest::FLAG_BINDING;
+        body
+    }
+
+    /// Logs alice on to `conn` and returns her session.
+    async fn alice_session(
+        state: &Arc<ServerState>,
+        conn: &Arc<Connection>,
+    ) -> (u64, Arc<tokio::sync::RwLock<Session>>) {
+        let (sid, challenge) = first_round(state, conn).await;
+        let auth = ntlm_authenticate(&challenge, "alice", "password");
+        let resp = handle(state, conn, &header(sid), &body(&auth)).await;
+        assert_eq!(resp.status, ntstatus::STATUS_SUCCESS);
+        let session = conn.sessions.read().await.get(&sid).cloned().unwrap();
+        (sid, session)
+    }
+
+    /// Both rounds of a binding of `conn` to `sid` as `user`; returns the
+    /// status of the last round run and the key of the exchange.
+    async fn bind_as(
+        state: &Arc<ServerState>,
+        conn: &Arc<Connection>,
+        sid: u64,
+        user: &str,
+        password: &str,
+    ) -> (u32, [u8; 16]) {
+        let hdr = signed(header(sid));
+        let resp = handle(state, conn, &hdr, &binding_body(&ntlm_negotiate())).await;
+        if resp.status != ntstatus::STATUS_MORE_PROCESSING_REQUIRED {
+            return (resp.status, [0; 16]);
+        }
+        assert!(!resp.skip_signing, "interim binding response is signed");
+        let challenge = SessionSetupResponse::parse(&resp.body)
+            .unwrap()
+            .security_buffer;
+        let (auth, key) = build_auth(&AuthMsg {
+            user,
+            password,
+            challenge: challenge[24..32].try_into().unwrap(),
+            ..AuthMsg::default()
+        });
+        let resp = handle(state, conn, &hdr, &binding_body(&auth)).await;
+        (resp.status, key)
+    }
+
+    /// Nothing of `conn` refers to session `sid`, which lives on with its
+    /// one channel.
+    async fn unbound(conn: &Connection, sid: u64, session: &Arc<tokio::sync::RwLock<Session>>) {
+        assert!(!conn.sessions.read().await.contains_key(&sid));
+        assert!(!conn.pending_auths.read().await.contains_key(&sid));
+        let sess = session.read().await;
+        assert!(!sess.has_channel(conn));
+        assert_eq!(sess.channel_connections().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_binding_connection_becomes_a_channel_with_its_own_key() {
+        let server = server(crate::SmbServer::builder());
+        let state = server.state();
+        let first = smb3_connection(&state).await;
+        let (sid, session) = alice_session(&state, &first).await;
+        let second = smb3_connection(&state).await;
+
+        let (status, key) = bind_as(&state, &second, sid, "alice", "password").await;
+        assert_eq!(status, ntstatus::STATUS_SUCCESS);
+        let bound = second.sessions.read().await.get(&sid).cloned().unwrap();
+        assert!(Arc::ptr_eq(&bound, &session));
+        {
+            let sess = session.read().await;
+            assert_eq!(sess.channel_connections().len(), 2);
+            let (channel_key, algo) = sess.signing_key_for(&second, SigningAlgo::AesCmac);
+            assert_eq!(channel_key, signing_key_30(&key));
+            assert_eq!(algo, SigningAlgo::AesCmac);
+            // The first connection keeps the session's key.
+            assert_eq!(
+                sess.signing_key_for(&first, SigningAlgo::AesCmac).0,
+                sess.signing_key
+            );
+        }
+        // Binding the same connection again is refused.
+        let hdr = signed(header(sid));
+        let again = handle(&state, &second, &hdr, &binding_body(&ntlm_negotiate())).await;
+        assert_eq!(again.status, ntstatus::STATUS_REQUEST_NOT_ACCEPTED);
+
+        // The first connection closing leaves the session on the second.
+        first.close_all(None).await;
+        assert!(second.sessions.read().await.contains_key(&sid));
+        assert_eq!(session.read().await.channel_connections().len(), 1);
+        // Ending the session on its last channel removes it.
+        assert!(second.close_session(sid, None).await);
+        assert!(crate::dispatch::find_session(&state, sid).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn logoff_on_one_channel_ends_the_session_on_all() {
+        let server = server(crate::SmbServer::builder());
+        let state = server.state();
+        let first = smb3_connection(&state).await;
+        let (sid, _session) = alice_session(&state, &first).await;
+        let second = smb3_connection(&state).await;
+        assert_eq!(
+            bind_as(&state, &second, sid, "alice", "password").await.0,
+            ntstatus::STATUS_SUCCESS
+        );
+        assert!(second.close_session(sid, None).await);
+        assert!(first.sessions.read().await.is_empty());
+        assert!(second.sessions.read().await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn refused_bindings_change_nothing() {
+        let server = server(crate::SmbServer::builder().user("bob", "bob-password"));
+        let state = server.state();
+        let first = smb3_connection(&state).await;
+        let (sid, session) = alice_session(&state, &first).await;
+        let negotiate = ntlm_negotiate();
+
+        // No SessionId; an unknown one.
+        let second = smb3_connection(&state).await;
+        let resp = handle(
+            &state,
+            &second,
+            &signed(header(0)),
+            &binding_body(&negotiate),
+        )
+        .await;
+        assert_eq!(resp.status, ntstatus::STATUS_INVALID_PARAMETER);
+        let resp = handle(
+            &state,
+            &second,
+            &signed(header(sid + 1)),
+            &binding_body(&negotiate),
+        )
+        .await;
+        assert_eq!(resp.status, ntstatus::STATUS_USER_SESSION_DELETED);
+        // Unsigned.
+        let resp = handle(&state, &second, &header(sid), &binding_body(&negotiate)).await;
+        assert_eq!(resp.status, ntstatus::STATUS_INVALID_PARAMETER);
+        // Another user, a wrong password, an empty or garbage token.
+        assert_eq!(
+            bind_as(&state, &second, sid, "bob", "bob-password").await.0,
+            ntstatus::STATUS_ACCESS_DENIED
+        );
+        assert_eq!(
+            bind_as(&state, &second, sid, "alice", "wrong").await.0,
+            ntstatus::STATUS_LOGON_FAILURE
+        );
+        let resp = handle(&state, &second, &signed(header(sid)), &binding_body(&[])).await;
+        assert_eq!(resp.status, ntstatus::STATUS_INVALID_PARAMETER);
+        let resp = handle(
+            &state,
+            &second,
+            &signed(header(sid)),
+            &binding_body(&[0xA1, 0xFF]),
+        )
+        .await;
+        assert_eq!(resp.status, ntstatus::STATUS_LOGON_FAILURE);
+        unbound(&second, sid, &session).await;
+
+        // Connections that do not match the session's.
+        for (what, status) in [
+            ("SMB 2.1", ntstatus::STATUS_REQUEST_NOT_ACCEPTED),
+            ("SMB 3.0.2", ntstatus::STATUS_INVALID_PARAMETER),
+            ("cipher", ntstatus::STATUS_INVALID_PARAMETER),
+            ("client guid", ntstatus::STATUS_USER_SESSION_DELETED),
+            ("no multichannel", ntstatus::STATUS_REQUEST_NOT_ACCEPTED),
+            ("AES-GMAC", ntstatus::STATUS_NOT_SUPPORTED),
+        ] {
+            let conn = smb3_connection(&state).await;
+            match what {
+                "SMB 2.1" => {
+                    *conn.dialect.write().await = Some(Dialect::Smb210);
+                    *conn.signing_algo.write().await = SigningAlgo::HmacSha256;
+                }
+                "SMB 3.0.2" => *conn.dialect.write().await = Some(Dialect::Smb302),
+                "cipher" => {
+                    *conn.cipher.write().await = Some(crate::proto::crypto::Cipher::Aes128Ccm)
+                }
+                "client guid" => *conn.client_guid.write().await = uuid::Uuid::from_u128(7),
+                "no multichannel" => {
+                    conn.client_negotiate
+                        .lock()
+                        .unwrap()
+                        .as_mut()
+                        .unwrap()
+                        .capabilities = 0
+                }
+                _ => {
+                    *conn.dialect.write().await = Some(Dialect::Smb311);
+                    *conn.signing_algo.write().await = SigningAlgo::AesGmac;
+                }
+            }
+            let resp = handle(
+                &state,
+                &conn,
+                &signed(header(sid)),
+                &binding_body(&negotiate),
+            )
+            .await;
+            assert_eq!(resp.status, status, "{what}");
+            unbound(&conn, sid, &session).await;
+        }
+
+        // A session established with AES-GMAC binds only AES-GMAC.
+        let gmac = smb3_connection(&state).await;
+        *gmac.dialect.write().await = Some(Dialect::Smb311);
+        *gmac.signing_algo.write().await = SigningAlgo::AesGmac;
+        let (gmac_sid, challenge) = first_round(&state, &gmac).await;
+        let auth = ntlm_authenticate(&challenge, "alice", "password");
+        assert_eq!(
+            handle(&state, &gmac, &header(gmac_sid), &body(&auth))
+                .await
+                .status,
+            ntstatus::STATUS_SUCCESS
+        );
+        let cmac = smb3_connection(&state).await;
+        *cmac.dialect.write().await = Some(Dialect::Smb311);
+        let resp = handle(
+            &state,
+            &cmac,
+            &signed(header(gmac_sid)),
+            &binding_body(&negotiate),
+        )
+        .await;
+        assert_eq!(resp.status, ntstatus::STATUS_REQUEST_OUT_OF_SEQUENCE);
+        assert!(cmac.sessions.read().await.is_empty());
+
+        // The session still serves its first connection alone.
+        assert!(first.sessions.read().await.contains_key(&sid));
+    }
+
+    #[tokio::test]
+    async fn guest_sessions_are_not_bound() {
+        let server = server(crate::SmbServer::builder());
+        let state = server.state();
+        let first = smb3_connection(&state).await;
+        let (sid, session) = alice_session(&state, &first).await;
+        session.write().await.origin.as_mut().unwrap().guest = true;
+        let second = smb3_connection(&state).await;
+        let resp = handle(
+            &state,
+            &second,
+            &signed(header(sid)),
+            &binding_body(&ntlm_negotiate()),
+        )
+        .await;
+        assert_eq!(resp.status, ntstatus::STATUS_NOT_SUPPORTED);
+        unbound(&second, sid, &session).await;
+    }
+
+    /// smbtorture's `ntlmssp_bug14932`: an NTLMv2 response whose
+    /// NTLMv2_CLIENT_CHALLENGE does not parse is malformed, not a wrong
+    /// password.
+    #[tokio::test]
+    async fn a_malformed_ntlmv2_response_is_invalid_parameter() {
+        let server = server(crate::SmbServer::builder());
+        let state = server.state();
+        let conn = connection(&state).await;
+        let mut bad_types = vec![0xAB; 16];
+        bad_types.extend_from_slice(&[2, 2, 0, 0, 0, 0, 0, 0]);
+        bad_types.extend_from_slice(&[0; 20]);
+        bad_types.extend_from_slice(&[0; 4]);
+        let mut truncated_pairs = vec![0xAB; 16];
+        truncated_pairs.extend_from_slice(&[1, 1, 0, 0, 0, 0, 0, 0]);
+        truncated_pairs.extend_from_slice(&[0; 20]);
+        truncated_pairs.extend_from_slice(&[0x11, 0xa2, 0x08, 0x81, 0x50]);
+        for nt in [bad_types, truncated_pairs, vec![0xAB; 40]] {
+            let (sid, challenge) = first_round(&state, &conn).await;
+            let (auth, _) = build_auth(&AuthMsg {
+                user: "alice",
+                password: "password",
+                nt: Some(&nt),
+                challenge: challenge[24..32].try_into().unwrap(),
+                ..AuthMsg::default()
+            });
+            let resp = handle(&state, &conn, &header(sid), &body(&auth)).await;
+            assert_eq!(resp.status, ntstatus::STATUS_INVALID_PARAMETER);
+        }
+        assert!(conn.sessions.read().await.is_empty());
+    }
 }
