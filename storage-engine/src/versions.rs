@@ -62,6 +62,9 @@ pub struct VersionEntry {
     pub latest: bool,
     /// The file in the namespace.
     pub current: bool,
+    /// When a noncurrent version stopped being current: the next newer version's sequence
+    /// number (about its write time, in ns since the epoch).
+    pub successor_ns: Option<i64>,
     pub kind: VersionKind,
 }
 
@@ -562,10 +565,15 @@ impl Engine {
     fn versions_of_key(&self, caller: &Caller, bucket: Ino, key: &str, current: Option<Attr>) -> Result<Vec<VersionEntry>> {
         let mut out = Vec::new();
         let has_current = current.is_some();
+        let mut newer: Option<i64> = None;
         if let Some(a) = current {
-            out.push(VersionEntry { key: key.to_string(), id: self.version_id_of(a.ino)?, latest: true, current: true, kind: VersionKind::Object(a) });
+            let v = current_version(self, a.ino)?;
+            newer = Some(v.as_ref().map_or(a.mtime_ns, |v| v.0 as i64));
+            let id = v.map_or_else(|| NULL_VERSION.to_string(), |v| v.1);
+            out.push(VersionEntry { key: key.to_string(), id, latest: true, current: true, successor_ns: None, kind: VersionKind::Object(a) });
         }
-        for (i, (_, r)) in records_of(self, bucket, key)?.into_iter().enumerate() {
+        for (i, (seq, r)) in records_of(self, bucket, key)?.into_iter().enumerate() {
+            let successor_ns = newer.replace(seq as i64);
             let kind = if r.ino == 0 {
                 VersionKind::DeleteMarker { uid: r.uid, mtime_ns: r.mtime_ns }
             } else {
@@ -575,7 +583,7 @@ impl Engine {
                     Err(e) => return Err(e),
                 }
             };
-            out.push(VersionEntry { key: key.to_string(), id: r.id, latest: i == 0 && !has_current, current: false, kind });
+            out.push(VersionEntry { key: key.to_string(), id: r.id, latest: i == 0 && !has_current, current: false, successor_ns, kind });
         }
         Ok(out)
     }

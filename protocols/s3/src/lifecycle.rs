@@ -4,10 +4,11 @@
 //! `Expiration` is due and aborts multipart uploads older than `AbortIncompleteMultipartUpload`
 //! allows.
 //!
-//! Aquifer has one storage class and unversioned buckets: transitions are refused
-//! (`InvalidStorageClass`, as S3 answers for a class that cannot be a target), while
-//! `NoncurrentVersionExpiration` and `ExpiredObjectDeleteMarker` are accepted and stored —
-//! there are never noncurrent versions or delete markers for them to act on.
+//! Aquifer has one storage class: transitions are refused (`InvalidStorageClass`, as S3
+//! answers for a class that cannot be a target). In versioned buckets `Expiration` makes
+//! delete markers, `NoncurrentVersionExpiration` deletes noncurrent versions `NoncurrentDays`
+//! after they stopped being current (keeping the `NewerNoncurrentVersions` newest), and
+//! `ExpiredObjectDeleteMarker` removes delete markers that are a key's only version.
 //!
 //! When an object is due: as S3, `Days` counts from the object's last modification and
 //! rounds up to the next midnight UTC; `Date` is a midnight UTC. There is no shorter
@@ -196,6 +197,10 @@ struct Rule {
     expire_days: Option<i64>,
     expire_at_secs: Option<i64>,
     abort_days: Option<i64>,
+    noncurrent_days: Option<i64>,
+    /// Noncurrent versions kept whatever their age (`NewerNoncurrentVersions`).
+    keep_newer: usize,
+    expire_markers: bool,
 }
 
 fn tag_pair(t: &Tag) -> (String, String) {
@@ -205,7 +210,18 @@ fn tag_pair(t: &Tag) -> (String, String) {
 fn rules_of(cfg: &BucketLifecycleConfiguration) -> Vec<Rule> {
     let mut out = Vec::new();
     for r in cfg.rules.iter().filter(|r| r.status.as_str() == ExpirationStatus::ENABLED) {
-        let mut rule = Rule { prefix: String::new(), tags: vec![], size_gt: None, size_lt: None, expire_days: None, expire_at_secs: None, abort_days: None };
+        let mut rule = Rule {
+            prefix: String::new(),
+            tags: vec![],
+            size_gt: None,
+            size_lt: None,
+            expire_days: None,
+            expire_at_secs: None,
+            abort_days: None,
+            noncurrent_days: None,
+            keep_newer: 0,
+            expire_markers: false,
+        };
         if let Some(p) = &r.prefix {
             rule.prefix = p.clone();
         }
@@ -226,6 +242,11 @@ fn rules_of(cfg: &BucketLifecycleConfiguration) -> Vec<Rule> {
         if let Some(e) = &r.expiration {
             rule.expire_days = e.days.map(i64::from);
             rule.expire_at_secs = e.date.as_ref().map(unix_secs);
+            rule.expire_markers = e.expired_object_delete_marker == Some(true);
+        }
+        if let Some(n) = &r.noncurrent_version_expiration {
+            rule.noncurrent_days = n.noncurrent_days.map(i64::from);
+            rule.keep_newer = n.newer_noncurrent_versions.map_or(0, |v| v.max(0) as usize);
         }
         rule.abort_days = r.abort_incomplete_multipart_upload.as_ref().and_then(|a| a.days_after_initiation).map(i64::from);
         out.push(rule);
@@ -329,6 +350,9 @@ fn bucket_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, rules: 
             }
         }
     }
+    if rules.iter().any(|r| r.noncurrent_days.is_some() || r.expire_markers) && engine.bucket_has_versions(bucket).unwrap_or(false) {
+        done += versions_pass(engine, bucket, name, &owner, rules, now_secs, budget - done.min(budget));
+    }
     if rules.iter().any(|r| r.abort_days.is_some())
         && let Ok(uploads) = engine.multipart_list_uploads(&sys, bucket)
     {
@@ -344,6 +368,73 @@ fn bucket_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, rules: 
                     Err(e) => tracing::warn!(bucket = name, key = %u.key, error = %e, "lifecycle could not abort multipart upload"),
                 }
             }
+        }
+    }
+    done
+}
+
+/// Deletes the noncurrent versions that `NoncurrentVersionExpiration` rules make due, and
+/// delete markers left as a key's only version under `ExpiredObjectDeleteMarker`; with the
+/// bucket owner's permissions. Returns how many it deleted.
+fn versions_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, owner: &Caller, rules: &[Rule], now_secs: i64, budget: usize) -> usize {
+    let sys = Caller::system();
+    let mut due: Vec<(String, String)> = Vec::new();
+    // The versions of one key, newest first, gathered across pages.
+    let mut group: Vec<storage_engine::VersionEntry> = Vec::new();
+    let judge = |group: &mut Vec<storage_engine::VersionEntry>, due: &mut Vec<(String, String)>| {
+        let first_due = due.len();
+        let mut noncurrent = 0usize;
+        for v in group.iter().filter(|v| !v.current) {
+            let storage_engine::VersionKind::Object(a) = &v.kind else { continue };
+            noncurrent += 1;
+            let since = v.successor_ns.unwrap_or(a.mtime_ns).div_euclid(1_000_000_000);
+            let tags = engine.getxattr(&sys, a.ino, XATTR_TAGS).map(|t| decode_tags(&t)).unwrap_or_default();
+            let expired =
+                rules.iter().any(|r| r.noncurrent_days.is_some_and(|d| now_secs >= due_secs(since, d)) && noncurrent > r.keep_newer && r.selects(&v.key, a.size, &tags));
+            if expired {
+                due.push((v.key.clone(), v.id.clone()));
+            }
+        }
+        // A delete marker on top of nothing: every other version is gone, or going now.
+        if let Some(m) = group.first()
+            && m.latest
+            && matches!(m.kind, storage_engine::VersionKind::DeleteMarker { .. })
+            && group.len() - 1 == due.len() - first_due
+            && rules.iter().any(|r| r.expire_markers && m.key.starts_with(&r.prefix))
+        {
+            due.push((m.key.clone(), m.id.clone()));
+        }
+        group.clear();
+    };
+    let (mut key_marker, mut version_marker) = (String::new(), None::<String>);
+    loop {
+        let Ok(page) = engine.list_versions(&sys, bucket, "", None, &key_marker, version_marker.as_deref(), LIST_PAGE_KEYS) else { break };
+        for v in page.versions {
+            if group.first().is_some_and(|g| g.key != v.key) {
+                judge(&mut group, &mut due);
+            }
+            group.push(v);
+        }
+        if due.len() >= budget {
+            break;
+        }
+        match page.next {
+            Some((k, v)) => (key_marker, version_marker) = (k, v),
+            None => {
+                judge(&mut group, &mut due);
+                break;
+            }
+        }
+    }
+    // Each key's marker comes after the versions below it, so none is removed too early.
+    let mut done = 0;
+    for (key, id) in due.into_iter().take(budget) {
+        match crate::service::delete_key_version(engine, owner, bucket, &key, Some(&id)) {
+            Ok(_) => {
+                done += 1;
+                tracing::debug!(bucket = name, key, version = id, "lifecycle expiration deleted a version");
+            }
+            Err(e) => tracing::warn!(bucket = name, key, version = id, error = %e, "lifecycle expiration could not delete a version"),
         }
     }
     done

@@ -157,3 +157,46 @@ async fn bad_versioning_requests_are_refused_and_change_nothing() {
     assert_eq!(listing.matches("<DeleteMarker>").count(), 0, "{listing}");
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_expires_noncurrent_versions_and_lone_delete_markers() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/lcv", &[], vec![]).await.0, 200);
+    assert_eq!(s.call("PUT", "/lcv", &[("versioning", "")], versioning("Enabled")).await.0, 200);
+    let mut old = Vec::new();
+    for i in 0..3 {
+        old.push(put(&s, "/lcv/old/a", format!("a{i}").into_bytes()).await.unwrap());
+    }
+    let keep: Vec<String> = [put(&s, "/lcv/keep/b", b"b0".to_vec()).await.unwrap(), put(&s, "/lcv/keep/b", b"b1".to_vec()).await.unwrap()].into();
+    put(&s, "/lcv/gone/c", b"c0".to_vec()).await.unwrap();
+    assert_eq!(s.call("DELETE", "/lcv/gone/c", &[], vec![]).await.0, 204);
+    let rules = b"<LifecycleConfiguration>\
+        <Rule><ID>old</ID><Filter><Prefix>old/</Prefix></Filter><Status>Enabled</Status>\
+          <NoncurrentVersionExpiration><NoncurrentDays>1</NoncurrentDays><NewerNoncurrentVersions>1</NewerNoncurrentVersions></NoncurrentVersionExpiration></Rule>\
+        <Rule><ID>gone</ID><Filter><Prefix>gone/</Prefix></Filter><Status>Enabled</Status>\
+          <Expiration><ExpiredObjectDeleteMarker>true</ExpiredObjectDeleteMarker></Expiration>\
+          <NoncurrentVersionExpiration><NoncurrentDays>1</NoncurrentDays></NoncurrentVersionExpiration></Rule>\
+        </LifecycleConfiguration>"
+        .to_vec();
+    let (code, body) = s.call("PUT", "/lcv", &[("lifecycle", "")], rules).await;
+    assert_eq!(code, 200, "{body}");
+    let versions_of = |prefix: &'static str| {
+        let sr = &s;
+        async move {
+            let (_, body) = sr.call("GET", "/lcv", &[("versions", ""), ("prefix", prefix)], vec![]).await;
+            body.split("<VersionId>").skip(1).map(|p| p.split("</VersionId>").next().unwrap().to_string()).collect::<Vec<_>>()
+        }
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let pass = |at: i64| s.with_engine(move |e| aquifer_s3::lifecycle_pass(e, at));
+    assert_eq!(pass(now).await, 0, "nothing is noncurrent for a day yet");
+    assert_eq!(versions_of("gone/").await.len(), 2);
+    // Three days on: old/a keeps its current and its newest noncurrent version; gone/c loses
+    // its one version and then its delete marker, now alone; keep/b has no rule.
+    assert_eq!(pass(now + 3 * 86_400).await, 3);
+    assert_eq!(versions_of("old/").await, vec![old[2].clone(), old[1].clone()]);
+    assert_eq!(versions_of("keep/").await, vec![keep[1].clone(), keep[0].clone()]);
+    assert!(versions_of("gone/").await.is_empty());
+    assert_eq!(pass(now + 30 * 86_400).await, 0, "the newest noncurrent version is kept however old");
+    s.stop().await;
+}
