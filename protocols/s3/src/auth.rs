@@ -123,9 +123,9 @@ pub(crate) struct PeerAddr(pub std::net::IpAddr);
 #[derive(Clone)]
 pub(crate) struct PolicyGrant(pub Caller);
 
-/// A bucket ACL's WRITE grant admitted a signed-in user other than the bucket owner: the
-/// object is written with the bucket owner's permissions, and this user (its uploader) is
-/// recorded as its S3 owner in the object's ACL.
+/// A bucket ACL's WRITE grant or a bucket policy admitted a signed-in user other than the
+/// bucket owner: the object is written with the bucket owner's permissions, and this user
+/// (its uploader) is recorded as its S3 owner in the object's ACL.
 #[derive(Clone, Copy)]
 pub(crate) struct AclWriter(pub u32);
 
@@ -146,9 +146,9 @@ pub(crate) struct PerKeyPolicy {
 }
 
 impl PerKeyPolicy {
-    /// The caller that deletes `key`: the owner when the policy allows it, the requester
-    /// when the policy says nothing; AccessDenied when it denies (or says nothing to an
-    /// anonymous client).
+    /// The caller that deletes `key`: the owner when the policy allows it or a bucket ACL
+    /// grants WRITE, the requester when neither says anything and the requester owns the
+    /// bucket or the object; AccessDenied otherwise.
     pub fn caller_for_delete(&self, engine: &Engine, own: &Caller, key: &str) -> S3Result<Caller> {
         let mut cx = self.context.clone();
         if self.policy.uses_key_prefix(EXISTING_TAG) {
@@ -158,7 +158,18 @@ impl PerKeyPolicy {
             Decision::Deny => Err(denied_by_policy()),
             Decision::Allow => Ok(if own.uid == self.owner.uid { own.clone() } else { self.owner.clone() }),
             Decision::NoMatch if self.principal.is_none() => Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused")),
-            Decision::NoMatch => Ok(own.clone()),
+            // As without a policy: the bucket's ACL, else S3's private default.
+            Decision::NoMatch => {
+                let sys = Caller::system();
+                let Ok(b) = engine.lookup(&sys, ROOT_INO, self.bucket.as_bytes()) else { return Ok(own.clone()) };
+                match acl_says(engine, Some(own), &b, load_acl(engine, &b)?, Perm::Write, "bucket")? {
+                    AclSays::Grant(run_as) => Ok(run_as.unwrap_or_else(|| own.clone())),
+                    AclSays::NotStored => {
+                        private_check(engine, own, &self.bucket, Some(key), "DeleteObject")?;
+                        Ok(own.clone())
+                    }
+                }
+            }
         }
     }
 }
@@ -321,7 +332,7 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
             }
             match policy.evaluate(principal.as_ref(), &action_of(&a.op), &resource, &cx) {
                 Decision::Deny => {
-                    let manager = me.as_ref().is_some_and(|c| c.uid == b.uid || c.uid == 0 || c.role >= Role::Admin);
+                    let manager = me.as_ref().is_some_and(|c| c.uid == b.uid || is_administrator(c));
                     if !(is_policy_admin(&a.op) && manager) {
                         return Err(denied_by_policy());
                     }
@@ -329,6 +340,14 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
                 Decision::Allow => {
                     allowed = true;
                     out.grant = delegated(owner);
+                    // As with a bucket ACL's WRITE grant: the uploader owns what it writes
+                    // in S3's terms (and may read it back), the bucket owner owns the file.
+                    if let Some(c) = &me
+                        && c.uid != b.uid
+                        && acl_need(&a.op) == Some((Level::Bucket, Perm::Write))
+                    {
+                        out.writer = Some(c.uid);
+                    }
                 }
                 Decision::NoMatch => {}
             }
@@ -364,9 +383,15 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
                 out.source_grant = run_as;
             }
         }
-        // An anonymous client may copy only what it may read.
-        if me.is_none() && !source_allowed && bucket_visibility(engine, sb) != BucketVisibility::PublicRead && !object_is_public(engine, sb, sk) {
-            return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused"));
+        // A client may copy only what it may read.
+        if !source_allowed {
+            match &me {
+                None if bucket_visibility(engine, sb) != BucketVisibility::PublicRead && !object_is_public(engine, sb, sk) => {
+                    return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused"));
+                }
+                None => {}
+                Some(c) => private_check(engine, c, sb, Some(sk), "GetObject")?,
+            }
         }
     }
     if !allowed
@@ -396,7 +421,7 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
                 AclSays::NotStored
                     if level == Level::Bucket
                         && matches!(need, Perm::ReadAcp | Perm::WriteAcp)
-                        && me.as_ref().is_some_and(|c| c.uid != f.uid && c.uid != 0 && c.role < Role::Admin) =>
+                        && me.as_ref().is_some_and(|c| c.uid != f.uid && !is_administrator(c)) =>
                 {
                     return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "only the bucket's owner may read or change its ACL"));
                 }
@@ -404,10 +429,51 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
             }
         }
     }
-    if me.is_none() && !allowed {
-        anonymous_check(engine, &a.bucket, a.key.as_deref(), &a.op)?;
+    if !allowed {
+        match &me {
+            None => anonymous_check(engine, &a.bucket, a.key.as_deref(), &a.op)?,
+            // Who may create buckets is the root directory's mode (the engine decides).
+            Some(_) if a.op == "CreateBucket" => {}
+            Some(c) => private_check(engine, c, &a.bucket, a.key.as_deref(), &a.op)?,
+        }
     }
     Ok(out)
+}
+
+fn is_administrator(c: &Caller) -> bool {
+    c.uid == 0 || c.role >= Role::Admin
+}
+
+/// S3's default for what neither a bucket policy nor a stored ACL decides: a bucket and
+/// its objects belong to their owner. A signed-in user who owns neither the bucket nor the
+/// object gets no more than an anonymous client would (public-read buckets and objects),
+/// however the file modes read; administrators keep their powers. Whatever is admitted
+/// still runs with the requester's own permissions, which the engine checks.
+fn private_check(engine: &Engine, c: &Caller, bucket: &str, key: Option<&str>, op: &str) -> S3Result<()> {
+    if is_administrator(c) {
+        return Ok(());
+    }
+    let sys = Caller::system();
+    let b = match engine.lookup(&sys, ROOT_INO, bucket.as_bytes()) {
+        Ok(b) if b.kind == FileKind::Dir => b,
+        // A missing bucket is the operation's to report (NoSuchBucket).
+        _ => return Ok(()),
+    };
+    if b.uid == c.uid {
+        return Ok(());
+    }
+    if let Some(k) = key
+        && object_file(engine, bucket, k).is_some_and(|f| f.uid == c.uid)
+    {
+        return Ok(());
+    }
+    if anonymous_check(engine, bucket, key, op).is_ok() {
+        return Ok(());
+    }
+    Err(S3Error::with_message(
+        S3ErrorCode::AccessDenied,
+        "the bucket belongs to another user, and neither its policy nor an ACL grants this request",
+    ))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -464,7 +530,7 @@ fn acl_says(engine: &Engine, me: Option<&Caller>, f: &storage_engine::Attr, acl:
     if acl.allows(uid, need) {
         return Ok(AclSays::Grant((uid != Some(f.uid)).then(|| owner_caller(engine, f))));
     }
-    if me.is_some_and(|c| (c.uid == 0 || c.role >= Role::Admin) && c.uid != acl.owner) {
+    if me.is_some_and(|c| is_administrator(c) && c.uid != acl.owner) {
         return Ok(AclSays::NotStored);
     }
     Err(S3Error::with_message(S3ErrorCode::AccessDenied, format!("the {what}'s ACL grants this requester no {need:?} permission")))

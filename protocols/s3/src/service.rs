@@ -1740,6 +1740,15 @@ impl S3 for AquiferS3 {
         }
         let new_tags = input.tagging.as_deref().map(parse_tagging_header).transpose()?.unwrap_or_default();
         let new_meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.expires, input.metadata);
+        // The copy gets the ACL the request gives (as PutObject), not the source's.
+        let canned = input.acl.as_ref().map(|a| a.as_str().to_string());
+        let headers = GrantHeaders {
+            read: input.grant_read.clone(),
+            write: None,
+            read_acp: input.grant_read_acp.clone(),
+            write_acp: input.grant_write_acp.clone(),
+            full_control: input.grant_full_control.clone(),
+        };
         let (cim, cinm, cims, cius) =
             (input.copy_source_if_match, input.copy_source_if_none_match, input.copy_source_if_modified_since, input.copy_source_if_unmodified_since);
         let dst_bucket = input.bucket;
@@ -1759,12 +1768,18 @@ impl S3 for AquiferS3 {
             let staged = Staged { engine: engine.clone(), caller: caller.clone(), ino: staged.ino, armed: true };
             let md5 = copy_data(&engine, &reader, &caller, src.ino, 0, src.size, staged.ino)?;
             let etag = hex::encode(md5);
-            if let Some(w) = writer {
-                // Written with the bucket owner's permissions for the uploader, who owns it.
-                let acl = Acl::canned("private", w, db.uid).expect("private is a canned ACL");
-                let mode = object_acl_mode(&acl, caller.uid, FILE_MODE);
+            // One a bucket ACL admitted is written with the bucket owner's permissions for
+            // the uploader, who owns it.
+            let owner = writer.unwrap_or(caller.uid);
+            let acl = match acl::requested(&engine, canned.as_deref(), None, &headers, owner, db.uid)? {
+                Some(acl) => Some(acl),
+                None if writer.is_some() => Acl::canned("private", owner, db.uid),
+                None => None,
+            };
+            if let Some(acl) = &acl {
+                let mode = object_acl_mode(acl, caller.uid, FILE_MODE);
                 engine.setattr(&caller, staged.ino, storage_engine::SetAttr { mode: Some(mode), ..Default::default() }).map_err(|e| map_err(e, Missing::Key))?;
-                apply_object_acl_xattrs(&engine, &caller, staged.ino, caller.uid, &acl).map_err(|e| map_err(e, Missing::Key))?;
+                apply_object_acl_xattrs(&engine, &caller, staged.ino, caller.uid, acl).map_err(|e| map_err(e, Missing::Key))?;
             }
             let (a, version_id) = publish(&engine, &caller, db.ino, &dst_key, staged.ino, &etag, &meta, &tags)?;
             staged.disarm();

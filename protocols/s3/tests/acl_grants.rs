@@ -71,7 +71,7 @@ async fn object_read_grants_admit_and_revoking_refuses() {
     assert_eq!(bob.req(&s, "PUT", "/grants/o", &[("acl", "")], policy(alice, &[grant(bob.uid, "FULL_CONTROL")])).await.0, 403);
     assert_eq!(bob.req(&s, "PUT", "/grants/o", &[], b"overwrite".to_vec()).await.0, 403);
     assert_eq!(bob.req(&s, "DELETE", "/grants/o", &[], vec![]).await.0, 403);
-    assert_eq!(bob.req(&s, "GET", "/grants", &[("list-type", "2")], vec![]).await.0, 200, "the bucket has no stored ACL: its mode lets bob list");
+    assert_eq!(bob.req(&s, "GET", "/grants", &[("list-type", "2")], vec![]).await.0, 403, "a grant on an object is no right to list its bucket");
 
     // A policy Deny wins over the grant.
     let deny = format!(
@@ -229,5 +229,86 @@ async fn authenticated_read_admits_signed_users_only_and_public_read_write_admit
     let res = s.signed("PUT", "/pubrw", &[("acl", "")], vec![]).header("x-amz-acl", "private").send().await.unwrap();
     assert_eq!(res.status().as_u16(), 200);
     assert_eq!(s.http.put(format!("{}/pubrw/anon2", s.endpoint())).body("x").send().await.unwrap().status().as_u16(), 403);
+    s.stop().await;
+}
+
+/// Without a grant or a policy, a bucket and its objects are private to their owner over S3,
+/// whatever the file modes let other users do over NFS or SMB; a user still reaches what it
+/// owns in another user's bucket, and public-read buckets stay readable to everyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_are_private_to_their_owner_without_grants() {
+    let s = start().await;
+    let bob = bob(&s).await;
+    assert_eq!(s.call("PUT", "/mine", &[], vec![]).await.0, 200);
+    assert_eq!(s.call("PUT", "/mine/data/o", &[], b"alice's".to_vec()).await.0, 200);
+    // The modes let others read (0755 directories, 0644 files) ...
+    let bob_uid = bob.uid;
+    let (mode, through_engine) = s
+        .with_engine(move |e| {
+            let bob = e.caller_for_uid(bob_uid, bob_uid, &[]).unwrap();
+            let a = e.resolve(&bob, "/mine/data/o").unwrap();
+            (a.mode & 0o777, e.read(&bob, a.ino, 0, 64).unwrap())
+        })
+        .await;
+    assert_eq!((mode, through_engine.as_slice()), (0o644, &b"alice's"[..]), "file access follows the mode");
+    // ... but over S3 bob gets nothing of alice's bucket, and nothing changes.
+    for (method, path, query, body) in [
+        ("GET", "/mine/data/o", &[][..], vec![]),
+        ("HEAD", "/mine/data/o", &[][..], vec![]),
+        ("GET", "/mine", &[("list-type", "2")][..], vec![]),
+        ("GET", "/mine", &[][..], vec![]),
+        ("HEAD", "/mine", &[][..], vec![]),
+        ("PUT", "/mine/data/o", &[][..], b"bob's".to_vec()),
+        ("PUT", "/mine/new", &[][..], b"bob's".to_vec()),
+        ("DELETE", "/mine/data/o", &[][..], vec![]),
+        ("GET", "/mine/data/o", &[("tagging", "")][..], vec![]),
+    ] {
+        let (code, body) = bob.req(&s, method, path, query, body).await;
+        assert_eq!(code, 403, "{method} {path} {query:?}: {body}");
+    }
+    let delete = b"<Delete><Object><Key>data/o</Key></Object></Delete>".to_vec();
+    let res = s
+        .signed_with("POST", "/mine", &[("delete", "")], delete, &bob.access, &bob.secret)
+        .header("content-md5", "PJ2q6xwMTgiZabMt7djckw==")
+        .send()
+        .await
+        .unwrap();
+    let body = res.text().await.unwrap();
+    assert!(body.contains("<Code>AccessDenied</Code>") && !body.contains("<Deleted>"), "{body}");
+    let copy = s.signed_with("PUT", "/mine/copy", &[], vec![], &bob.access, &bob.secret).header("x-amz-copy-source", "/mine/data/o").send().await.unwrap();
+    assert_eq!(copy.status().as_u16(), 403);
+    let (code, body) = s.call("GET", "/mine/data/o", &[], vec![]).await;
+    assert_eq!((code, body.as_str()), (200, "alice's"));
+    let (code, list) = s.call("GET", "/mine", &[("list-type", "2")], vec![]).await;
+    assert!(code == 200 && list.contains("<KeyCount>1</KeyCount>"), "{list}");
+
+    // Bob's own file in alice's bucket (made over NFS, say) is his to read over S3.
+    s.with_engine(move |e| {
+        let bob = e.caller_for_uid(bob_uid, bob_uid, &[]).unwrap();
+        let admin = Caller::system();
+        let d = e.resolve(&admin, "/mine/data").unwrap();
+        e.setattr(&admin, d.ino, storage_engine::SetAttr { mode: Some(0o777), ..Default::default() }).unwrap();
+        let f = e.create(&bob, d.ino, b"bobs", 0o644, true).unwrap();
+        e.write(&bob, f.ino, 0, b"bob's file", storage_engine::Stability::Durable).unwrap();
+    })
+    .await;
+    let (code, body) = bob.req(&s, "GET", "/mine/data/bobs", &[], vec![]).await;
+    assert_eq!((code, body.as_str()), (200, "bob's file"));
+
+    // A copy takes the ACL its request gives: public-read makes it readable to bob.
+    let res = s.signed("PUT", "/mine/pubcopy", &[], vec![]).header("x-amz-copy-source", "/mine/data/o").header("x-amz-acl", "public-read").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let (code, body) = bob.req(&s, "GET", "/mine/pubcopy", &[], vec![]).await;
+    assert_eq!((code, body.as_str()), (200, "alice's"));
+    assert_eq!(bob.req(&s, "GET", "/mine/data/o", &[], vec![]).await.0, 403, "the source keeps its own ACL");
+
+    // A public-read bucket is readable by every signed-in user too.
+    assert_eq!(s.call("PUT", "/mine", &[("acl", "")], vec![]).await.0, 400, "an ACL needs a body or a header");
+    let res = s.signed("PUT", "/mine", &[("acl", "")], vec![]).header("x-amz-acl", "public-read").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let (code, body) = bob.req(&s, "GET", "/mine/data/o", &[], vec![]).await;
+    assert_eq!((code, body.as_str()), (200, "alice's"));
+    assert_eq!(bob.req(&s, "GET", "/mine", &[("list-type", "2")], vec![]).await.0, 200);
+    assert_eq!(bob.req(&s, "PUT", "/mine/new", &[], b"bob's".to_vec()).await.0, 403, "public-read is no right to write");
     s.stop().await;
 }

@@ -126,10 +126,21 @@ async fn deny_overrides_the_owner_and_allow_delegates_to_others() {
     let owner = s.with_engine(|e| e.resolve(&Caller::system(), "/ddd/bob1").unwrap().uid).await;
     assert_eq!(owner, alice_uid, "a delegated write acts as the bucket owner");
     assert_ne!(owner, bob_uid);
+    // In S3's terms bob is its owner: he reads it back, though the policy grants no reads
+    // and the bucket is alice's; what alice wrote stays hers.
+    let get = |key: &str| s.signed_with("GET", &format!("/ddd/{key}"), &[], vec![], &bob_access, &bob_secret).send();
+    let res = get("bob1").await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(res.text().await.unwrap(), "from bob");
+    let (code, acl) = s.call("GET", "/ddd/bob1", &[("acl", "")], vec![]).await;
+    assert!(code == 200 && acl.contains(&format!("<Owner><DisplayName>bob</DisplayName><ID>{bob_uid}</ID></Owner>")), "{acl}");
     // A policy that names someone else gives bob nothing; his own permissions refuse him.
     let p = doc(r#"{"Effect":"Allow","Principal":{"AWS":"arn:aws:iam::4242:root"},"Action":"s3:PutObject","Resource":"arn:aws:s3:::ddd/*"}"#);
     assert_eq!(put_policy(&s, "ddd", p).await.0, 204);
     assert_eq!(put("bob2").await.unwrap().status().as_u16(), 403);
+    assert_eq!(s.call("PUT", "/ddd/alices", &[], b"alice's".to_vec()).await.0, 200);
+    assert_eq!(get("alices").await.unwrap().status().as_u16(), 403, "no grant, no policy for bob: private");
+    assert_eq!(get("bob1").await.unwrap().status().as_u16(), 200, "still his");
     let p = doc(&format!(r#"{{"Effect":"Allow","Principal":{{"AWS":"arn:aws:iam::{bob_uid}:root"}},"Action":"s3:PutObject","Resource":"arn:aws:s3:::ddd/*","Condition":{{"StringEquals":{{"s3:x-amz-acl":"private"}}}}}}"#));
     assert_eq!(put_policy(&s, "ddd", p).await.0, 204);
     assert_eq!(put("bob3").await.unwrap().status().as_u16(), 403, "condition not met");
