@@ -541,7 +541,7 @@ mod tests {
         // S3 rounds up to the next midnight UTC.
         assert_eq!(due_secs(10 * day + 5, 1), 12 * day);
         assert_eq!(due_secs(10 * day, 1), 11 * day);
-        let r = Rule { prefix: "a/".into(), tags: vec![("k".into(), "v".into())], size_gt: Some(1), size_lt: None, expire_days: Some(1), expire_at_secs: None, abort_days: None };
+        let r = Rule { prefix: "a/".into(), tags: vec![("k".into(), "v".into())], size_gt: Some(1), size_lt: None, expire_days: Some(1), expire_at_secs: None, abort_days: None, noncurrent_days: None, keep_newer: 0, expire_markers: false };
         assert!(r.selects("a/x", 2, &[("k".into(), "v".into()), ("o".into(), "p".into())]));
         assert!(!r.selects("b/x", 2, &[("k".into(), "v".into())]));
         assert!(!r.selects("a/x", 1, &[("k".into(), "v".into())]));
