@@ -66,6 +66,8 @@ pub struct VersionEntry {
     /// number (about its write time, in ns since the epoch).
     pub successor_ns: Option<i64>,
     pub kind: VersionKind,
+    /// Position among the key's versions (larger is newer).
+    pub(crate) seq: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -569,8 +571,10 @@ impl Engine {
         if let Some(a) = current {
             let v = current_version(self, a.ino)?;
             newer = Some(v.as_ref().map_or(a.mtime_ns, |v| v.0 as i64));
+            // A file without a version is newer than every record.
+            let seq = v.as_ref().map_or(u64::MAX, |v| v.0);
             let id = v.map_or_else(|| NULL_VERSION.to_string(), |v| v.1);
-            out.push(VersionEntry { key: key.to_string(), id, latest: true, current: true, successor_ns: None, kind: VersionKind::Object(a) });
+            out.push(VersionEntry { key: key.to_string(), id, latest: true, current: true, successor_ns: None, kind: VersionKind::Object(a), seq });
         }
         for (i, (seq, r)) in records_of(self, bucket, key)?.into_iter().enumerate() {
             let successor_ns = newer.replace(seq as i64);
@@ -583,7 +587,7 @@ impl Engine {
                     Err(e) => return Err(e),
                 }
             };
-            out.push(VersionEntry { key: key.to_string(), id: r.id, latest: i == 0 && !has_current, current: false, successor_ns, kind });
+            out.push(VersionEntry { key: key.to_string(), id: r.id, latest: i == 0 && !has_current, current: false, successor_ns, kind, seq });
         }
         Ok(out)
     }
@@ -606,11 +610,18 @@ impl Engine {
         {
             let current = self.current_file(caller, bucket, key_marker)?;
             let all = self.versions_of_key(caller, bucket, key_marker, current)?;
-            if let Some(pos) = all.iter().position(|v| v.id == vm) {
-                for v in all.into_iter().skip(pos + 1) {
-                    if !out.emit(v) {
-                        return Ok(out.page);
-                    }
+            // The versions after the marker; when the marked version is gone (deleted since
+            // the last page), those older than its sequence number, or all for `null`.
+            let rest: Vec<VersionEntry> = match all.iter().position(|v| v.id == vm) {
+                Some(pos) => all.into_iter().skip(pos + 1).collect(),
+                None => match seq_of_version_id(vm) {
+                    Some(ms) => all.into_iter().filter(|v| v.seq < ms).collect(),
+                    None => all,
+                },
+            };
+            for v in rest {
+                if !out.emit(v) {
+                    return Ok(out.page);
                 }
             }
         }
