@@ -297,6 +297,22 @@ fn retire(e: &Engine, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, seqs: 
     Ok(())
 }
 
+/// The sequence number and id of a key's newest version (the last allocated in this batch);
+/// under Suspended it is the `null` version, which replaces the key's null record.
+#[allow(clippy::too_many_arguments)] // one allocation and the key it belongs to
+fn new_version(e: &Engine, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, mut seqs: Seqs, bucket: Ino, key: &str, mode: VersionMode, nonce: u64) -> Result<(u64, String)> {
+    let seq = seqs.take();
+    let id = match mode {
+        VersionMode::Enabled => version_id(seq, nonce),
+        VersionMode::Suspended => {
+            drop_null_record(e, batch, freed, bucket, key)?;
+            NULL_VERSION.to_string()
+        }
+    };
+    seqs.store(e, batch);
+    Ok((seq, id))
+}
+
 /// The current file of `key` in directory `at`: (inode, record).
 fn current_at(e: &Engine, at: &Option<(Ino, Vec<u8>)>) -> Result<Option<(Ino, InodeRec)>> {
     let Some((parent, name)) = at else { return Ok(None) };
@@ -334,15 +350,7 @@ pub(crate) fn apply(e: &Engine, cmd: &VersionCmd, batch: &mut WriteBatch, freed:
                 retire(e, batch, freed, &mut seqs, *bucket, key, old, victim, *mode, *now)?;
                 events.push(ChangeEvent { ino: old, version: 0, kind: ChangeKind::Removed { parent: *parent, name: name.clone() } });
             }
-            let seq = seqs.take();
-            let id = match mode {
-                VersionMode::Enabled => version_id(seq, *nonce),
-                VersionMode::Suspended => {
-                    drop_null_record(e, batch, freed, *bucket, key)?;
-                    NULL_VERSION.to_string()
-                }
-            };
-            seqs.store(e, batch);
+            let (seq, id) = new_version(e, batch, freed, seqs, *bucket, key, *mode, *nonce)?;
             batch.put_cf(e.cf(CF_XATTRS), xattr_key(*ino, XATTR_VERSION), encode_current(seq, &id));
             batch.delete_cf(e.cf(CF_ORPHANS), be64(*ino));
             batch.put_cf(e.cf(CF_DENTRIES), dentry_key(*parent, name), encode_dentry(*ino, rec.kind));
@@ -370,15 +378,7 @@ pub(crate) fn apply(e: &Engine, cmd: &VersionCmd, batch: &mut WriteBatch, freed:
                 e.put_touched(batch, *parent, &mut dir, *now);
                 events.push(ChangeEvent { ino: old, version: 0, kind: ChangeKind::Removed { parent: *parent, name: name.clone() } });
             }
-            let seq = seqs.take();
-            let id = match mode {
-                VersionMode::Enabled => version_id(seq, *nonce),
-                VersionMode::Suspended => {
-                    drop_null_record(e, batch, freed, *bucket, key)?;
-                    NULL_VERSION.to_string()
-                }
-            };
-            seqs.store(e, batch);
+            let (seq, id) = new_version(e, batch, freed, seqs, *bucket, key, *mode, *nonce)?;
             batch.put_cf(e.cf(CF_VERSIONS), record_key(*bucket, key, seq), encode_record(&Record { id, ino: 0, uid: caller.uid, mtime_ns: *now }));
             Ok(Applied { attr: None, events })
         }
