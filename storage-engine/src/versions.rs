@@ -386,6 +386,7 @@ pub(crate) fn apply(e: &Engine, cmd: &VersionCmd, batch: &mut WriteBatch, freed:
             let mut events = Vec::new();
             let mut records = records_of(e, *bucket, key)?;
             let current = current_at(e, at)?;
+            let had_current = current.is_some();
             let current_id = match &current {
                 Some((ino, _)) => Some(current_version(e, *ino)?.map_or_else(|| NULL_VERSION.to_string(), |v| v.1)),
                 None => None,
@@ -421,11 +422,13 @@ pub(crate) fn apply(e: &Engine, cmd: &VersionCmd, batch: &mut WriteBatch, freed:
             } else {
                 return Err(Error::NotFound);
             };
-            // The next newest version becomes current, if it is an object.
+            // The next newest version becomes current, if it is an object and its name is
+            // free (a directory made there since, for keys below it, stays).
             if promote
                 && let Some((seq, r)) = records.first()
                 && r.ino != 0
                 && let Some((parent, name)) = at
+                && (had_current || e.load_dentry(*parent, name)?.is_none())
             {
                 if dir.is_none() {
                     dir = Some(load_dir(e, *parent)?);
@@ -455,7 +458,9 @@ impl Engine {
     fn version_place(&self, caller: &Caller, bucket: Ino, key: &str, create: bool) -> Result<Option<(Ino, Vec<u8>)>> {
         match self.object_parent(caller, bucket, key, create) {
             Ok((parent, name)) => Ok(Some((parent, name.as_bytes().to_vec()))),
-            Err(Error::NotFound | Error::NotDir) if !create => Ok(None),
+            Err(Error::NotFound) if !create => Ok(None),
+            // A file where a directory of the key would be: the key has no place now.
+            Err(Error::NotDir) => Ok(None),
             Err(e) => Err(e),
         }
     }

@@ -184,3 +184,33 @@ fn version_listing_pages_through_markers_in_key_order() {
     let p = e.list_versions(&root(), b.ino, "", None, "b/c", None, 100).unwrap();
     assert_eq!(p.versions.first().map(|v| v.key.as_str()), Some("b/d/e"));
 }
+
+#[test]
+fn a_version_never_comes_back_over_what_now_holds_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let b = e.mkdir(&root(), ROOT_INO, b"bucket", 0o755).unwrap();
+    // Key `k` has two versions and is deleted; `k/x` then makes `k` a directory.
+    let v1 = put_version(&e, b.ino, "k", b"one", VersionMode::Enabled);
+    let v2 = put_version(&e, b.ino, "k", b"two", VersionMode::Enabled);
+    let marker = e.delete_versioned(&root(), b.ino, "k", VersionMode::Enabled).unwrap();
+    put_version(&e, b.ino, "k/x", b"below", VersionMode::Enabled);
+    // Removing the marker would make v2 current, but `k` is a directory: v2 stays a version.
+    e.delete_version(&root(), b.ino, "k", &marker).unwrap();
+    assert_eq!(get(&e, "/bucket/k/x"), b"below", "the directory and its files are untouched");
+    assert_eq!(read_version(&e, b.ino, "k", &v2), b"two");
+    // `j` is a file, so key `j/y` has no place: its versions can still be removed.
+    put_version(&e, b.ino, "j/y", b"y", VersionMode::Enabled);
+    let y = put_version(&e, b.ino, "j/y", b"y2", VersionMode::Enabled);
+    e.delete_versioned(&root(), b.ino, "j/y", VersionMode::Enabled).unwrap();
+    let jdir = e.resolve(&root(), "/bucket/j").unwrap();
+    assert!(e.readdir(&root(), jdir.ino, None, 10).unwrap().entries.is_empty());
+    e.rmdir(&root(), b.ino, b"j").unwrap();
+    put(&e, "/bucket/j", b"a file now");
+    e.delete_version(&root(), b.ino, "j/y", &y).unwrap();
+    assert_eq!(get(&e, "/bucket/j"), b"a file now");
+    for id in [&v1, &v2] {
+        e.delete_version(&root(), b.ino, "k", id).unwrap();
+    }
+    assert_eq!(get(&e, "/bucket/k/x"), b"below");
+}
