@@ -21,6 +21,22 @@ use crate::records::{CHECKSUM_BLOCK_BYTES, Placement, StripeRec};
 
 /// First byte of the allocatable area of every drive; the superblock lives in block 0.
 pub(crate) const DATA_AREA_OFFSET: u64 = 1 << 20;
+/// Largest drive read [`DataStore::read_many`] makes of shard pieces that lie back to back.
+pub(crate) const READ_RUN_BYTES_MAX: u64 = 8 << 20;
+
+/// One piece of a [`DataStore::read_many`]: stripe data, or zeros for a hole.
+pub(crate) enum ReadPiece<'a> {
+    Stripe { rec: &'a StripeRec, offset: u64, len: usize },
+    Zeros(usize),
+}
+
+impl ReadPiece<'_> {
+    fn len(&self) -> usize {
+        match self {
+            ReadPiece::Stripe { len, .. } | ReadPiece::Zeros(len) => *len,
+        }
+    }
+}
 pub(crate) const SUPERBLOCK_MAGIC: &[u8; 8] = b"AQFRDRV\0";
 pub(crate) const SUPERBLOCK_VERSION: u32 = 1;
 
@@ -635,6 +651,144 @@ impl DataStore {
         let data = self.reconstruct_data(rec)?;
         out.clear();
         out.extend_from_slice(&data[offset as usize..offset as usize + len]);
+        Ok(out)
+    }
+
+    /// Reads a run of pieces, in order, into one buffer: stripe data ranges and zeros
+    /// (holes). All drive reads are in flight at once, and shard pieces that lie back to
+    /// back on one drive (consecutive stripes of a sequentially written file do) are read
+    /// with one request of up to [`READ_RUN_BYTES_MAX`]: on the disks measured, a 4 MiB
+    /// request moves two to three times what four 1 MiB requests do. Checksums are verified
+    /// piece by piece; a piece whose drive is missing, fails or returns bad data is read
+    /// again alone through [`read_range`](Self::read_range), which reconstructs it.
+    pub fn read_many(&self, pieces: &[ReadPiece<'_>]) -> Result<Vec<u8>> {
+        let sb_of = |rec: &StripeRec| rec.shard_bytes as u64;
+        let cb = CHECKSUM_BLOCK_BYTES as u64;
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        // Shard pieces: (piece index, shard, block-aligned [a, b) in the shard, the piece's
+        // [from, to) in stripe data). Pieces a drive cannot serve are left to read_range.
+        struct Part {
+            piece: usize,
+            shard: usize,
+            a: u64,
+            b: u64,
+            from: u64,
+            to: u64,
+            drive: u32,
+            disk: u64,
+        }
+        let mut parts: Vec<Part> = Vec::new();
+        let mut direct = vec![true; pieces.len()];
+        for (i, piece) in pieces.iter().enumerate() {
+            let ReadPiece::Stripe { rec, offset, len } = piece else { continue };
+            assert!(offset + *len as u64 <= rec.data_len, "read past stripe data");
+            let sb = sb_of(rec);
+            let (mut pos, end) = (*offset, offset + *len as u64);
+            let first = parts.len();
+            while pos < end {
+                let shard = (pos / sb) as usize;
+                let piece_end = ((shard as u64 + 1) * sb).min(end);
+                let a = (pos % sb) / cb * cb;
+                let b = ((piece_end - shard as u64 * sb).div_ceil(cb) * cb).min(sb);
+                let p = rec.placements[shard];
+                if self.device(&p).is_none() {
+                    direct[i] = false;
+                    break;
+                }
+                parts.push(Part { piece: i, shard, a, b, from: pos, to: piece_end, drive: p.drive, disk: p.offset + a });
+                pos = piece_end;
+            }
+            if !direct[i] {
+                parts.truncate(first);
+            }
+        }
+        // Runs: parts back to back on one drive, read with one request.
+        let mut order: Vec<usize> = (0..parts.len()).collect();
+        order.sort_by_key(|&j| (parts[j].drive, parts[j].disk));
+        // (drive placement to read from, disk offset, bytes); part j lies at run_of[j].1 in run run_of[j].0.
+        let mut runs: Vec<(Placement, u64, u64)> = Vec::new();
+        let mut run_of = vec![(0usize, 0u64); parts.len()];
+        for &j in &order {
+            let part = &parts[j];
+            let len = part.b - part.a;
+            let rec = match &pieces[part.piece] {
+                ReadPiece::Stripe { rec, .. } => rec,
+                ReadPiece::Zeros(_) => unreachable!("parts come from stripe pieces"),
+            };
+            let placement = rec.placements[part.shard];
+            let last = runs.len().wrapping_sub(1);
+            match runs.last_mut() {
+                Some((p, start, n)) if p.drive == part.drive && p.epoch == placement.epoch && *start + *n == part.disk && *n + len <= READ_RUN_BYTES_MAX => {
+                    run_of[j] = (last, *n);
+                    *n += len;
+                }
+                _ => {
+                    run_of[j] = (runs.len(), 0);
+                    runs.push((placement, part.disk, len));
+                }
+            }
+        }
+        let mut pending: Vec<Option<IoCompletion<AlignedBuf>>> =
+            runs.iter().map(|(p, start, n)| self.device(p).map(|(dev, _)| dev.read(*start, *n as usize))).collect();
+        let mut done: Vec<Option<std::result::Result<AlignedBuf, ()>>> = (0..runs.len()).map(|_| None).collect();
+        // Parts of each piece in stripe order (they were pushed so).
+        let mut parts_of: Vec<Vec<usize>> = vec![Vec::new(); pieces.len()];
+        for (j, part) in parts.iter().enumerate() {
+            parts_of[part.piece].push(j);
+        }
+        let mut out = Vec::with_capacity(total);
+        for (i, piece) in pieces.iter().enumerate() {
+            let (rec, offset, len) = match piece {
+                ReadPiece::Zeros(n) => {
+                    out.resize(out.len() + n, 0);
+                    continue;
+                }
+                ReadPiece::Stripe { rec, offset, len } => (*rec, *offset, *len),
+            };
+            let start = out.len();
+            let mut ok = direct[i];
+            for &j in &parts_of[i] {
+                if !ok {
+                    break;
+                }
+                let part = &parts[j];
+                let (r, at) = run_of[j];
+                if done[r].is_none() {
+                    done[r] = Some(match pending[r].take().map(|c| c.wait()) {
+                        Some(Ok(buf)) => Ok(buf),
+                        Some(Err(e)) => {
+                            self.note_io_error(runs[r].0.drive, "read", &e);
+                            Err(())
+                        }
+                        None => Err(()),
+                    });
+                }
+                let Some(Ok(buf)) = &done[r] else {
+                    ok = false;
+                    break;
+                };
+                let bytes = &buf[at as usize..(at + part.b - part.a) as usize];
+                let blocks = rec.checksum_blocks();
+                let first = (part.a / cb) as usize;
+                let good = bytes.chunks(cb as usize).enumerate().all(|(k, chunk)| crc32c::crc32c(chunk) == rec.crcs[part.shard * blocks + first + k]);
+                if !good {
+                    if let Some((_, counters)) = self.device(&rec.placements[part.shard]) {
+                        counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tracing::warn!(drive = part.drive, "checksum mismatch, reconstructing");
+                    ok = false;
+                    break;
+                }
+                let src = (part.from - part.shard as u64 * sb_of(rec) - part.a) as usize;
+                out.extend_from_slice(&bytes[src..src + (part.to - part.from) as usize]);
+            }
+            if !ok {
+                out.truncate(start);
+                out.extend_from_slice(&self.read_range(rec, offset, len)?);
+            }
+            debug_assert_eq!(out.len() - start, len, "a piece is read whole");
+        }
+        debug_assert_eq!(out.len(), total);
         Ok(out)
     }
 
