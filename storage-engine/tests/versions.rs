@@ -214,3 +214,146 @@ fn a_version_never_comes_back_over_what_now_holds_its_name() {
     }
     assert_eq!(get(&e, "/bucket/k/x"), b"below");
 }
+
+/// A key's versions in the model: the current one (the file), then the records newest first
+/// (`None` content: a delete marker).
+#[derive(Default, Clone, Debug)]
+struct ModelKey {
+    current: Option<(String, Vec<u8>)>,
+    records: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl ModelKey {
+    fn drop_null_record(&mut self) {
+        self.records.retain(|(id, _)| id != NULL_VERSION);
+    }
+    /// The current file stops being current (replaced or deleted).
+    fn retire(&mut self, mode: VersionMode) {
+        if let Some((id, data)) = self.current.take() {
+            if id == NULL_VERSION {
+                self.drop_null_record();
+                if mode == VersionMode::Suspended {
+                    return;
+                }
+            }
+            self.records.insert(0, (id, Some(data)));
+        }
+    }
+    fn promote(&mut self) {
+        if self.current.is_none() && matches!(self.records.first(), Some((_, Some(_)))) {
+            let (id, data) = self.records.remove(0);
+            self.current = Some((id, data.expect("an object version")));
+        }
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+fn check_model(e: &Engine, bucket: Ino, model: &std::collections::BTreeMap<&str, ModelKey>, seed: u64, step: usize, contents: bool) {
+    let mut want = Vec::new();
+    for (k, m) in model {
+        if let Some((id, _)) = &m.current {
+            want.push((k.to_string(), id.clone(), true, false));
+        }
+        for (i, (id, data)) in m.records.iter().enumerate() {
+            want.push((k.to_string(), id.clone(), i == 0 && m.current.is_none(), data.is_none()));
+        }
+    }
+    assert_eq!(all_versions(e, bucket), want, "seed {seed} step {step}");
+    for (k, m) in model {
+        let path = format!("/bucket/{k}");
+        match &m.current {
+            Some((_, data)) => assert_eq!(&get(e, &path), data, "seed {seed} step {step}: {k} in the namespace"),
+            None => assert!(e.resolve(&root(), &path).is_err(), "seed {seed} step {step}: {k} is no file"),
+        }
+        if contents {
+            for (id, data) in &m.records {
+                if let Some(data) = data {
+                    assert_eq!(&read_version(e, bucket, k, id), data, "seed {seed} step {step}: {k} version {id}");
+                }
+            }
+        }
+    }
+}
+
+/// Random puts, deletes and version removals under Enabled and Suspended, against a model,
+/// with restarts; then every version removed, and no stripe may be left.
+#[test]
+fn random_version_operations_match_a_model() {
+    let seeds: u64 = std::env::var("AQUIFER_VERSIONS_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    for seed in 1..=seeds {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = open(dir.path());
+        let b = e.mkdir(&root(), ROOT_INO, b"bucket", 0o755).unwrap().ino;
+        let keys = ["a", "b/c", "b-d", "b/e/f"];
+        let mut model: std::collections::BTreeMap<&str, ModelKey> = keys.iter().map(|k| (*k, ModelKey::default())).collect();
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        for step in 0..120 {
+            let k = keys[rng.below(keys.len() as u64) as usize];
+            let mode = if rng.below(4) == 0 { VersionMode::Suspended } else { VersionMode::Enabled };
+            let m = model.get_mut(k).unwrap();
+            match rng.below(10) {
+                0..=4 => {
+                    let len = [10, 5000, 70_000][rng.below(3) as usize];
+                    let data = bytes(seed * 1000 + step as u64, len);
+                    let id = put_version(&e, b, k, &data, mode);
+                    m.retire(mode);
+                    if mode == VersionMode::Suspended {
+                        assert_eq!(id, NULL_VERSION);
+                        m.drop_null_record();
+                    }
+                    m.current = Some((id, data));
+                }
+                5..=6 => {
+                    let id = e.delete_versioned(&root(), b, k, mode).unwrap();
+                    m.retire(mode);
+                    if mode == VersionMode::Suspended {
+                        m.drop_null_record();
+                    }
+                    m.records.insert(0, (id, None));
+                }
+                _ => {
+                    let all: Vec<String> = m.current.iter().map(|c| c.0.clone()).chain(m.records.iter().map(|r| r.0.clone())).collect();
+                    if all.is_empty() {
+                        assert!(matches!(e.delete_version(&root(), b, k, NULL_VERSION), Err(Error::NotFound)));
+                        continue;
+                    }
+                    let id = all[rng.below(all.len() as u64) as usize].clone();
+                    e.delete_version(&root(), b, k, &id).unwrap();
+                    if m.current.as_ref().is_some_and(|c| c.0 == id) {
+                        m.current = None;
+                    } else {
+                        let pos = m.records.iter().position(|r| r.0 == id).unwrap();
+                        m.records.remove(pos);
+                        if pos != 0 {
+                            check_model(&e, b, &model, seed, step, false);
+                            continue;
+                        }
+                    }
+                    m.promote();
+                }
+            }
+            check_model(&e, b, &model, seed, step, step % 10 == 0);
+            if step % 40 == 39 {
+                drop(e);
+                e = open(dir.path());
+                check_model(&e, b, &model, seed, step, true);
+            }
+        }
+        for (k, m) in &model {
+            for id in m.current.iter().map(|c| c.0.clone()).chain(m.records.iter().map(|r| r.0.clone())) {
+                e.delete_version(&root(), b, k, &id).unwrap();
+            }
+        }
+        assert!(all_versions(&e, b).is_empty(), "seed {seed}");
+        assert_eq!(used(&e), 0, "seed {seed}: every version removed, no stripe left");
+    }
+}
