@@ -856,13 +856,36 @@ fn check_version_id(v: Option<&str>) -> S3Result<Option<String>> {
     }
 }
 
+/// An error about a delete marker carries `x-amz-delete-marker` and the marker's version id,
+/// as in S3.
+fn marker_error(mut e: S3Error, id: &str) -> S3Error {
+    let mut h = http::HeaderMap::new();
+    h.insert("x-amz-delete-marker", http::HeaderValue::from_static("true"));
+    if let Ok(v) = http::HeaderValue::from_str(id) {
+        h.insert("x-amz-version-id", v);
+    }
+    e.set_headers(h);
+    e
+}
+
 /// The file holding version `id` of `key` (the current one without `id`): NoSuchKey,
-/// NoSuchVersion, or `405 MethodNotAllowed` for a delete marker (as S3).
+/// NoSuchVersion, or `405 MethodNotAllowed` for a delete marker (as S3). NoSuchKey for a key
+/// whose newest version is a delete marker names the marker.
 fn version_attr(engine: &Engine, caller: &Caller, bucket: Ino, key: &str, id: Option<&str>) -> S3Result<Attr> {
-    let Some(id) = id else { return object_attr(engine, caller, bucket, key) };
+    let Some(id) = id else {
+        return object_attr(engine, caller, bucket, key).map_err(|e| {
+            if *e.code() != S3ErrorCode::NoSuchKey || bucket_versioning(engine, bucket).is_none() {
+                return e;
+            }
+            match engine.latest_delete_marker(caller, bucket, key) {
+                Ok(Some(marker)) => marker_error(e, &marker),
+                _ => e,
+            }
+        });
+    };
     match engine.find_version(caller, bucket, key, id) {
         Ok(FoundVersion::Current(a) | FoundVersion::Noncurrent(a)) => Ok(a),
-        Ok(FoundVersion::DeleteMarker { .. }) => Err(err(S3ErrorCode::MethodNotAllowed, "the version is a delete marker")),
+        Ok(FoundVersion::DeleteMarker { .. }) => Err(marker_error(err(S3ErrorCode::MethodNotAllowed, "the version is a delete marker"), id)),
         Err(Error::NotFound) => Err(err(S3ErrorCode::NoSuchVersion, "The specified version does not exist.")),
         Err(e) => Err(map_err(e, Missing::Key)),
     }

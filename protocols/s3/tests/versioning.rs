@@ -77,6 +77,13 @@ async fn other_protocols_see_only_the_current_version_and_deleted_versions_free_
     assert_eq!(res.headers().get("x-amz-delete-marker").map(|v| v.to_str().unwrap()), Some("true"));
     let marker = res.headers().get("x-amz-version-id").unwrap().to_str().unwrap().to_string();
     assert!(s.with_engine(|e| e.resolve(&Caller::system(), "/vbk/d/obj").is_err()).await);
+    // GET answers NoSuchKey naming the marker; GET of the marker itself is not allowed.
+    for (q, status) in [(vec![], 404), (vec![("versionId", marker.as_str())], 405)] {
+        let res = s.signed("GET", "/vbk/d/obj", &q, vec![]).send().await.unwrap();
+        assert_eq!(res.status().as_u16(), status);
+        assert_eq!(res.headers().get("x-amz-delete-marker").map(|v| v.to_str().unwrap()), Some("true"));
+        assert_eq!(res.headers().get("x-amz-version-id").map(|v| v.to_str().unwrap()), Some(marker.as_str()));
+    }
     assert_eq!(s.used_bytes().await, with_three);
 
     // The bucket cannot be removed, over S3 or as a directory, while versions remain.
