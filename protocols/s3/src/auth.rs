@@ -14,7 +14,7 @@ use storage_engine::{Caller, Engine, Error, FileKind, Ino, ROOT_INO, Role};
 
 use crate::acl::{Acl, Perm};
 use crate::meta::{XATTR_ACL, XATTR_POLICY, XATTR_PUBLIC_READ, XATTR_TAGS, decode_tags};
-use crate::policy::{Context, Decision, Policy, Principal, action_of, bucket_arn, is_policy_admin, object_arn};
+use crate::policy::{Context, Decision, Policy, Principal, action_of_request, bucket_arn, is_policy_admin, object_arn};
 use crate::service::blocking;
 
 pub(crate) struct EngineAuth {
@@ -330,7 +330,7 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
             {
                 add_existing_tags(engine, &mut cx, &a.bucket, k);
             }
-            match policy.evaluate(principal.as_ref(), &action_of(&a.op), &resource, &cx) {
+            match policy.evaluate(principal.as_ref(), &action_of_request(&a.op, &cx), &resource, &cx) {
                 Decision::Deny => {
                     let manager = me.as_ref().is_some_and(|c| c.uid == b.uid || is_administrator(c));
                     if !(is_policy_admin(&a.op) && manager) {

@@ -591,6 +591,28 @@ pub fn action_of(op: &str) -> String {
     a.to_string()
 }
 
+/// The IAM action a request needs: [`action_of`], or for a request that names a version
+/// (`versionId`) the `…Version…` action S3 asks for reading, deleting, tagging or changing
+/// the ACL of one version (so `s3:GetObject` alone does not open a bucket's old versions).
+pub fn action_of_request(op: &str, cx: &Context) -> String {
+    if cx.get("s3:versionid").is_some() {
+        let versioned = match op {
+            "GetObject" | "HeadObject" | "GetObjectAttributes" => Some("s3:GetObjectVersion"),
+            "DeleteObject" => Some("s3:DeleteObjectVersion"),
+            "GetObjectTagging" => Some("s3:GetObjectVersionTagging"),
+            "PutObjectTagging" => Some("s3:PutObjectVersionTagging"),
+            "DeleteObjectTagging" => Some("s3:DeleteObjectVersionTagging"),
+            "GetObjectAcl" => Some("s3:GetObjectVersionAcl"),
+            "PutObjectAcl" => Some("s3:PutObjectVersionAcl"),
+            _ => None,
+        };
+        if let Some(a) = versioned {
+            return a.to_string();
+        }
+    }
+    action_of(op)
+}
+
 /// Operations on a bucket's policy itself: its owner (and administrators) may always run
 /// them, whatever the policy denies, so that a policy cannot lock its owner out.
 pub fn is_policy_admin(op: &str) -> bool {

@@ -207,3 +207,37 @@ async fn lifecycle_expires_noncurrent_versions_and_lone_delete_markers() {
     assert_eq!(pass(now + 30 * 86_400).await, 0, "the newest noncurrent version is kept however old");
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_opens_old_versions_only_with_the_version_actions() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/pver", &[], vec![]).await.0, 200);
+    assert_eq!(s.call("PUT", "/pver", &[("versioning", "")], versioning("Enabled")).await.0, 200);
+    let old = put(&s, "/pver/k", b"old".to_vec()).await.unwrap();
+    let new = put(&s, "/pver/k", b"new".to_vec()).await.unwrap();
+    let policy = |actions: &str| {
+        format!(r#"{{"Version":"2012-10-17","Statement":[{{"Effect":"Allow","Principal":"*","Action":{actions},"Resource":"arn:aws:s3:::pver/*"}}]}}"#).into_bytes()
+    };
+    let anon = |q: Option<&str>| {
+        let url = match q {
+            Some(v) => format!("{}/pver/k?versionId={v}", s.endpoint()),
+            None => format!("{}/pver/k", s.endpoint()),
+        };
+        s.http.get(url).send()
+    };
+    assert_eq!(s.call("PUT", "/pver", &[("policy", "")], policy(r#""s3:GetObject""#)).await.0, 204);
+    let res = anon(None).await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(res.text().await.unwrap(), "new");
+    assert_eq!(anon(Some(&old)).await.unwrap().status().as_u16(), 403, "s3:GetObject does not cover old versions");
+    assert_eq!(anon(Some(&new)).await.unwrap().status().as_u16(), 403, "nor a version named by id");
+    assert_eq!(s.call("PUT", "/pver", &[("policy", "")], policy(r#"["s3:GetObject","s3:GetObjectVersion"]"#)).await.0, 204);
+    let res = anon(Some(&old)).await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(res.text().await.unwrap(), "old");
+    // Deleting a version takes s3:DeleteObjectVersion, which the policy does not give.
+    let res = s.http.delete(format!("{}/pver/k?versionId={old}", s.endpoint())).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 403);
+    assert_eq!(s.call("GET", "/pver/k", &[("versionId", &old)], vec![]).await.0, 200, "still there");
+    s.stop().await;
+}
