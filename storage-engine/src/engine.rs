@@ -686,6 +686,32 @@ impl Engine {
         Ok(a)
     }
 
+    /// `lookup` for callers on an event loop: None when the directory or the entry it names
+    /// is a portal mirror (a portal's root sits in a local directory), which may need the
+    /// hub; otherwise the metadata reads `lookup` makes.
+    pub fn try_lookup(&self, caller: &Caller, parent: Ino, name: &[u8]) -> Option<Result<Attr>> {
+        if !caller.is_portal() {
+            let mirror = |ino: Ino| self.remote_stub(ino).map(|s| s.is_some());
+            match mirror(parent) {
+                Ok(true) => return None,
+                Ok(false) => {}
+                Err(e) => return Some(Err(e)),
+            }
+            if name != b"." && name != b".." {
+                match self.load_dentry(parent, name) {
+                    Ok(Some((child, _))) => match mirror(child) {
+                        Ok(true) => return None,
+                        Ok(false) => {}
+                        Err(e) => return Some(Err(e)),
+                    },
+                    Ok(None) => {}
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        }
+        Some(self.lookup(caller, parent, name))
+    }
+
     pub fn lookup(&self, caller: &Caller, parent: Ino, name: &[u8]) -> Result<Attr> {
         let dir = self.load(parent)?;
         if dir.kind != FileKind::Dir {

@@ -339,3 +339,21 @@ fn a_replacing_link_swaps_the_name_in_one_step() {
     assert_eq!(get(&e, "/b"), b"new bytes");
     assert_eq!(e.getattr(&c, a).unwrap().nlink, 2);
 }
+
+/// The event-loop lookup answers what `lookup` answers for local entries, permission
+/// checks and errors included.
+#[test]
+fn try_lookup_answers_as_lookup_for_local_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let d = e.mkdir(&c, ROOT_INO, b"d", 0o700).unwrap();
+    let f = e.create(&c, d.ino, b"f", 0o644, false).unwrap();
+    let got = e.try_lookup(&c, d.ino, b"f").expect("local: answered here").unwrap();
+    assert_eq!((got.ino, got.size, got.mode), (f.ino, f.size, f.mode));
+    assert_eq!(e.try_lookup(&c, d.ino, b"..").unwrap().unwrap().ino, ROOT_INO);
+    assert!(matches!(e.try_lookup(&c, d.ino, b"missing").unwrap(), Err(Error::NotFound)));
+    assert!(matches!(e.try_lookup(&c, f.ino, b"x").unwrap(), Err(Error::NotDir)));
+    let nobody = Caller::anonymous();
+    assert!(matches!(e.try_lookup(&nobody, d.ino, b"f").unwrap(), Err(Error::PermissionDenied)), "0700 directory");
+}

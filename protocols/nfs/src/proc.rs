@@ -378,7 +378,11 @@ async fn lookup(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
         }
     }
     let (engine, caller, ino) = (ctx.engine(), ctx.caller.clone(), dir.ino);
-    match blocking(move || engine.lookup(&caller, ino, &name)).await {
+    let found = match engine.try_lookup(&caller, ino, &name) {
+        Some(r) => r,
+        None => blocking(move || engine.lookup(&caller, ino, &name)).await,
+    };
+    match found {
         Ok(obj) => packed(&LOOKUP3res::Ok(LOOKUP3resok {
             object: ctx.handle_of(&obj),
             obj_attributes: post_op_attr::Some(fattr(&obj, ctx.export.id)),
