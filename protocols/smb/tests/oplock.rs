@@ -50,16 +50,5 @@ const TESTS: &[&str] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smbtorture_oplock_tests_pass() {
-    let served = common::Served::start().await;
-    let addr = served.addr;
-    let (results, output) =
-        tokio::task::spawn_blocking(move || common::smbtorture(addr, "smb2.oplock", TESTS, &[]))
-            .await
-            .unwrap();
-    let failed = common::not_passed(TESTS, &results);
-    assert!(
-        failed.is_empty(),
-        "smb2.oplock tests not passed: {failed:?}\n{output}"
-    );
-    served.stop().await;
+    common::assert_smbtorture_passes("smb2.oplock", TESTS).await;
 }

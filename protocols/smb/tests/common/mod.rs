@@ -68,22 +68,20 @@ impl Served {
     }
 }
 
-/// Runs `tests` of smbtorture's suite `suite` (e.g. `smb2.oplock`) against `addr` as admin,
-/// with `extra` arguments, and returns each test's result (`success`, `failure`, `error`,
-/// `skip`) with the whole output.
+/// Runs `tests` of smbtorture's suite `suite` (e.g. `smb2.oplock`) against `addr` as admin
+/// and returns each test's result (`success`, `failure`, `error`, `skip`) with the whole
+/// output.
 pub fn smbtorture(
     addr: SocketAddr,
     suite: &str,
     tests: &[&str],
-    extra: &[&str],
 ) -> (Vec<(String, String)>, String) {
     let mut c = Command::new("smbtorture");
     c.arg("//127.0.0.1/aquifer")
         .arg("-p")
         .arg(addr.port().to_string())
         .arg("-U")
-        .arg(format!("admin%{ADMIN_PASSWORD}"))
-        .args(extra);
+        .arg(format!("admin%{ADMIN_PASSWORD}"));
     // Extra arguments for a closer look at a failure, e.g. `-d 10` for smbtorture's debug log.
     if let Ok(args) = std::env::var("AQUIFER_SMBTORTURE_ARGS") {
         c.args(args.split_whitespace());
@@ -125,4 +123,20 @@ pub fn not_passed<'a>(tests: &[&'a str], results: &[(String, String)]) -> Vec<&'
                 .any(|(name, result)| name == t && result == "success")
         })
         .collect()
+}
+
+/// Runs `tests` of smbtorture's suite `suite` against a fresh service and fails, with
+/// smbtorture's output, unless every one of them succeeds.
+pub async fn assert_smbtorture_passes(suite: &'static str, tests: &'static [&'static str]) {
+    let served = Served::start().await;
+    let addr = served.addr;
+    let (results, output) = tokio::task::spawn_blocking(move || smbtorture(addr, suite, tests))
+        .await
+        .unwrap();
+    let failed = not_passed(tests, &results);
+    assert!(
+        failed.is_empty(),
+        "{suite} tests not passed: {failed:?}\n{output}"
+    );
+    served.stop().await;
 }
