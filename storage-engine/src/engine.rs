@@ -1546,7 +1546,8 @@ impl Engine {
                 (true, false) => return Err(Error::NotDir),
                 (false, true) => return Err(Error::IsDir),
                 (true, true) => {
-                    if self.dir_has_entries(t)? {
+                    // A bucket keeps its noncurrent versions under its inode.
+                    if self.dir_has_entries(t)? || crate::versions::has_versions(self, t)? {
                         return Err(Error::NotEmpty);
                     }
                     tdir.nlink -= 1;

@@ -97,6 +97,10 @@ fn deleting_versions_frees_their_space_and_a_bucket_with_versions_is_not_empty()
     ids.push(e.delete_versioned(&root(), b.ino, "big", VersionMode::Enabled).unwrap());
     assert_eq!(used(&e), with_three, "a delete marker keeps the data");
     assert!(matches!(e.rmdir(&root(), ROOT_INO, b"bucket"), Err(Error::NotEmpty)), "versions remain");
+    // Nor may an empty directory be renamed over it (that would drop its versions).
+    e.mkdir(&root(), ROOT_INO, b"empty", 0o755).unwrap();
+    assert!(matches!(e.rename(&root(), ROOT_INO, b"empty", ROOT_INO, b"bucket"), Err(Error::NotEmpty)));
+    e.rmdir(&root(), ROOT_INO, b"empty").unwrap();
     e.delete_version(&root(), b.ino, "big", &ids[1]).unwrap();
     let with_two = used(&e);
     assert!(with_two < with_three, "a deleted version's stripes are freed");
