@@ -1189,6 +1189,11 @@ async fn verify_request_signature(
         }
         return Err(ntstatus::STATUS_USER_SESSION_DELETED);
     };
+    // A SESSION_SETUP for a session of this connection's table, looked up
+    // before the session is locked (the tables are locked before sessions).
+    let established = hdr.flags & SMB2_FLAGS_SIGNED == 0
+        && hdr.command == Command::SessionSetup
+        && conn.sessions.read().await.contains_key(&hdr.session_id);
     let sess = sess_arc.read().await;
     if matches!(sess.identity, Identity::Anonymous) {
         return Ok(());
@@ -1200,9 +1205,7 @@ async fn verify_request_signature(
             warn!(error = %e, "request signature verification failed");
             return Err(ntstatus::STATUS_ACCESS_DENIED);
         }
-    } else if sess.signing_required
-        && (hdr.command != Command::SessionSetup || conn.sessions.read().await.contains_key(&hdr.session_id))
-    {
+    } else if sess.signing_required && (hdr.command != Command::SessionSetup || established) {
         warn!(?hdr.command, "missing required signature on request");
         return Err(ntstatus::STATUS_ACCESS_DENIED);
     }

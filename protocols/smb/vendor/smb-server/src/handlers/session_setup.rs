@@ -220,6 +220,8 @@ async fn binding_refused(
     hdr: &Smb2Header,
     session: &Arc<tokio::sync::RwLock<Session>>,
 ) -> Result<(), u32> {
+    // Connection tables are locked before sessions.
+    let in_table = conn.sessions.read().await.contains_key(&hdr.session_id);
     let sess = session.read().await;
     let Some(origin) = sess.origin else {
         return Err(ntstatus::STATUS_REQUEST_NOT_ACCEPTED);
@@ -260,7 +262,7 @@ async fn binding_refused(
     if sess.is_anonymous() || origin.guest {
         return Err(ntstatus::STATUS_NOT_SUPPORTED);
     }
-    if sess.has_channel(conn) || conn.sessions.read().await.contains_key(&hdr.session_id) {
+    if in_table || sess.has_channel(conn) {
         return Err(ntstatus::STATUS_REQUEST_NOT_ACCEPTED);
     }
     Ok(())
