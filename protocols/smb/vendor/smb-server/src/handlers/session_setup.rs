@@ -285,7 +285,12 @@ async fn continue_or_reject(
     let Some(pending) = pending else {
         return HandlerResponse::err(ntstatus::STATUS_USER_SESSION_DELETED);
     };
-    continue_exchange(server, conn, req, sid, pending, ntlm, client_mic, binding).await
+    let exchange = Exchange {
+        sid,
+        pending,
+        binding,
+    };
+    continue_exchange(server, conn, req, exchange, ntlm, client_mic).await
 }
 
 /// First round: start an NTLM acceptor for `sid` and answer with the
@@ -393,17 +398,28 @@ fn more_processing(sid: u64, outbound: &[u8], signed: bool) -> HandlerResponse {
     }
 }
 
-/// Later rounds of the exchange for `sid`.
+/// An exchange waiting for its next round: its SessionId, its NTLM
+/// acceptor, and for a binding the session this connection binds to.
+struct Exchange {
+    sid: u64,
+    pending: PendingAuth,
+    binding: Option<Arc<tokio::sync::RwLock<Session>>>,
+}
+
+/// Later rounds of an exchange.
 async fn continue_exchange(
     server: &Arc<ServerState>,
     conn: &Arc<Connection>,
     req: &SessionSetupRequest,
-    sid: u64,
-    pending: PendingAuth,
+    exchange: Exchange,
     ntlm: Vec<u8>,
     client_mic: Option<Vec<u8>>,
-    binding: Option<Arc<tokio::sync::RwLock<Session>>>,
 ) -> HandlerResponse {
+    let Exchange {
+        sid,
+        pending,
+        binding,
+    } = exchange;
     // After a counter-proposal the client's next token is the NTLM
     // NEGOTIATE_MESSAGE.
     let challenge = {
@@ -605,17 +621,7 @@ async fn continue_exchange(
         return response;
     }
     if let Some(session) = binding {
-        return bind_channel(
-            server,
-            conn,
-            sid,
-            &session,
-            &outcome.identity,
-            &session_base_key,
-            dialect,
-            response,
-        )
-        .await;
+        return bind_channel(server, conn, sid, &session, &outcome, dialect, response).await;
     }
 
     let signing_key = signing_key(dialect, &session_base_key);
@@ -688,20 +694,22 @@ async fn continue_exchange(
 /// its own signing key, derived from this exchange's session key (for SMB
 /// 3.1.1 with this connection's preauth hash, once known; the dispatcher
 /// derives it before the response is signed with it).
-#[allow(clippy::too_many_arguments)]
 async fn bind_channel(
     server: &ServerState,
     conn: &Arc<Connection>,
     sid: u64,
     session: &Arc<tokio::sync::RwLock<Session>>,
-    identity: &Identity,
-    channel_session_key: &[u8; 16],
+    outcome: &AuthOutcome,
     dialect: Dialect,
     mut response: HandlerResponse,
 ) -> HandlerResponse {
+    let channel_session_key = &outcome.session_key;
     let (same, encrypt_data) = {
         let sess = session.read().await;
-        (same_user(&sess.identity, identity), sess.encrypt_data)
+        (
+            same_user(&sess.identity, &outcome.identity),
+            sess.encrypt_data,
+        )
     };
     if !same {
         info!("binding as another user refused");
