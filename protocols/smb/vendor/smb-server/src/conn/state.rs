@@ -313,10 +313,35 @@ impl Connection {
             let still_bound = sess_arc.read().await.remove_channel(self);
             if !still_bound {
                 opens.extend(detach_session(&sess_arc).await);
+                continue;
+            }
+            // The session goes on over another channel, where the breaks
+            // of the opens made on this connection go from now on.
+            let channels = sess_arc.read().await.channel_connections();
+            if let Some(next) = channels.first() {
+                let to = Arc::downgrade(&next.outbound);
+                for open in session_opens(&sess_arc).await {
+                    if let Some(file) = open.read().await.file.as_ref() {
+                        file.move_owner(&self.outbound, to.clone());
+                    }
+                }
             }
         }
         end_opens(opens, keep).await;
     }
+}
+
+/// The opens of a session's trees, which stay in place.
+async fn session_opens(sess_arc: &Arc<RwLock<Session>>) -> Vec<Arc<RwLock<Open>>> {
+    let trees: Vec<_> = {
+        let sess = sess_arc.read().await;
+        sess.trees.read().await.values().cloned().collect()
+    };
+    let mut opens = Vec::new();
+    for tree in trees {
+        opens.extend(tree.read().await.opens.read().await.values().cloned());
+    }
+    opens
 }
 
 /// Removes every tree of a session that is no longer reachable and returns

@@ -445,3 +445,25 @@ fn a_lease_caching_handles_keeps_oplocks_out() {
     assert!(rx.try_recv().is_none());
     assert_eq!(b.grant_oplock(Ii, FileId::new(1, 2), false).0, NoOplock);
 }
+
+/// Session binding (Aquifer patch): once the connection an open was made on
+/// is gone, its breaks go to the session's other channel.
+#[test]
+fn a_moved_open_is_broken_on_its_new_connection() {
+    let s = share();
+    let (first, mut first_rx) = connection();
+    let (second, mut second_rx) = connection();
+    let (other, _other_rx) = connection();
+    let (a, _) = oplocked(&s, &first, PLAIN, Batch, 1);
+    // Moving from a connection that does not own the open changes nothing.
+    a.move_owner(&other, Arc::downgrade(&other));
+    a.move_owner(&first, Arc::downgrade(&second));
+
+    let (b, wait) = register(&s, &other, PLAIN, None).unwrap();
+    assert!(wait.is_some(), "the open waits for the holder");
+    let n = oplock_break(&second_rx.try_recv().expect("break on the new connection"));
+    assert_eq!((level(&n), n.file_id), (Ii, FileId::new(1, 1)));
+    assert!(first_rx.try_recv().is_none());
+    assert_eq!(a.acknowledge_oplock(1).map(|(l, _)| l), Ok(Ii));
+    assert!(matches!(b.end_wait(), Ok(None)));
+}
