@@ -146,15 +146,23 @@ pub(crate) struct PerKeyPolicy {
 }
 
 impl PerKeyPolicy {
-    /// The caller that deletes `key`: the owner when the policy allows it or a bucket ACL
-    /// grants WRITE, the requester when neither says anything and the requester owns the
-    /// bucket or the object; AccessDenied otherwise.
-    pub fn caller_for_delete(&self, engine: &Engine, own: &Caller, key: &str) -> S3Result<Caller> {
+    /// The caller that deletes `key` (or its version `version`, which takes
+    /// `s3:DeleteObjectVersion`): the owner when the policy allows it or a bucket ACL grants
+    /// WRITE, the requester when neither says anything and the requester owns the bucket or
+    /// the object; AccessDenied otherwise.
+    pub fn caller_for_delete(&self, engine: &Engine, own: &Caller, key: &str, version: Option<&str>) -> S3Result<Caller> {
         let mut cx = self.context.clone();
         if self.policy.uses_key_prefix(EXISTING_TAG) {
             add_existing_tags(engine, &mut cx, &self.bucket, key);
         }
-        match self.policy.evaluate(self.principal.as_ref(), "s3:DeleteObject", &object_arn(&self.bucket, key), &cx) {
+        let action = match version {
+            Some(v) => {
+                cx.set("s3:versionid", v);
+                "s3:DeleteObjectVersion"
+            }
+            None => "s3:DeleteObject",
+        };
+        match self.policy.evaluate(self.principal.as_ref(), action, &object_arn(&self.bucket, key), &cx) {
             Decision::Deny => Err(denied_by_policy()),
             Decision::Allow => Ok(if own.uid == self.owner.uid { own.clone() } else { self.owner.clone() }),
             Decision::NoMatch if self.principal.is_none() => Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused")),
@@ -284,6 +292,8 @@ struct Asked {
     op: String,
     context: Context,
     copy_source: Option<(String, String)>,
+    /// The copy source names a version (reading it takes `s3:GetObjectVersion`).
+    copy_source_versioned: bool,
 }
 
 /// The bucket owner as a caller with a user's permissions (never an administrator's).
@@ -362,7 +372,8 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
             if policy.uses_key_prefix(EXISTING_TAG) {
                 add_existing_tags(engine, &mut cx, sb, sk);
             }
-            match policy.evaluate(principal.as_ref(), "s3:GetObject", &object_arn(sb, sk), &cx) {
+            let action = if a.copy_source_versioned { "s3:GetObjectVersion" } else { "s3:GetObject" };
+            match policy.evaluate(principal.as_ref(), action, &object_arn(sb, sk), &cx) {
                 Decision::Deny => return Err(denied_by_policy()),
                 Decision::Allow => {
                     source_allowed = true;
@@ -588,13 +599,15 @@ impl S3Access for PolicyAccess {
         if let Some(PeerAddr(ip)) = cx.extensions_mut().get::<PeerAddr>() {
             context.set("aws:SourceIp", ip.to_canonical().to_string());
         }
-        let copy_source = if matches!(op.as_str(), "CopyObject" | "UploadPartCopy") {
-            cx.headers().get("x-amz-copy-source").and_then(|v| v.to_str().ok()).and_then(copy_source_of)
+        let source_header = if matches!(op.as_str(), "CopyObject" | "UploadPartCopy") {
+            cx.headers().get("x-amz-copy-source").and_then(|v| v.to_str().ok())
         } else {
             None
         };
+        let copy_source = source_header.and_then(copy_source_of);
+        let copy_source_versioned = source_header.is_some_and(|h| h.contains("?versionId="));
         let engine = self.engine.clone();
-        let asked = Asked { access_key, bucket, key, op, context, copy_source };
+        let asked = Asked { access_key, bucket, key, op, context, copy_source, copy_source_versioned };
         let out = blocking(move || decide(&engine, asked)).await?;
         let ext = cx.extensions_mut();
         if let Some(c) = out.grant {

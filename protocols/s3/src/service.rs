@@ -1708,7 +1708,7 @@ impl S3 for AquiferS3 {
             for o in input.delete.objects {
                 let r = check_version_id(o.version_id.as_deref()).and_then(|vid| {
                     let who = match &per_key {
-                        Some(p) => p.caller_for_delete(&engine, &caller, &o.key)?,
+                        Some(p) => p.caller_for_delete(&engine, &caller, &o.key, vid.as_deref())?,
                         None => caller.clone(),
                     };
                     delete_key_version(&engine, &who, b.ino, &o.key, vid.as_deref())

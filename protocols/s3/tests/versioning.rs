@@ -239,5 +239,44 @@ async fn a_policy_opens_old_versions_only_with_the_version_actions() {
     let res = s.http.delete(format!("{}/pver/k?versionId={old}", s.endpoint())).send().await.unwrap();
     assert_eq!(res.status().as_u16(), 403);
     assert_eq!(s.call("GET", "/pver/k", &[("versionId", &old)], vec![]).await.0, 200, "still there");
+
+    // Another user copies from the bucket: an old version takes s3:GetObjectVersion.
+    let (bob_access, bob_secret) = s
+        .with_engine(|e| {
+            e.create_user(&Caller::system(), NewUser { name: "bob".into(), password: "bob-password".into(), uid: None, gid: None, groups: vec![], role: None }).unwrap();
+            e.create_s3_key(&Caller::system(), "bob", None).unwrap()
+        })
+        .await;
+    let bob = |method: &str, path: &str, query: &[(&str, &str)], headers: Vec<(&'static str, String)>, body: Vec<u8>| {
+        let mut r = s.signed_with(method, path, query, body, &bob_access, &bob_secret);
+        for (k, v) in headers {
+            r = r.header(k, v);
+        }
+        r.send()
+    };
+    assert_eq!(bob("PUT", "/bobs", &[], vec![], vec![]).await.unwrap().status().as_u16(), 200);
+    let copy = |v: &str| bob("PUT", "/bobs/copy", &[], vec![("x-amz-copy-source", format!("/pver/k?versionId={v}"))], vec![]);
+    assert_eq!(s.call("PUT", "/pver", &[("policy", "")], policy(r#""s3:GetObject""#)).await.0, 204);
+    assert_eq!(bob("PUT", "/bobs/copy", &[], vec![("x-amz-copy-source", "/pver/k".into())], vec![]).await.unwrap().status().as_u16(), 200);
+    assert_eq!(copy(&old).await.unwrap().status().as_u16(), 403, "an old version is not s3:GetObject's");
+    assert_eq!(s.call("PUT", "/pver", &[("policy", "")], policy(r#"["s3:GetObject","s3:GetObjectVersion"]"#)).await.0, 204);
+    assert_eq!(copy(&old).await.unwrap().status().as_u16(), 200);
+    let res = bob("GET", "/bobs/copy", &[], vec![], vec![]).await.unwrap();
+    assert_eq!(res.text().await.unwrap(), "old");
+
+    // DeleteObjects: a version takes s3:DeleteObjectVersion, key by key.
+    let both = |actions: &str| {
+        format!(r#"{{"Version":"2012-10-17","Statement":[{{"Effect":"Allow","Principal":"*","Action":{actions},"Resource":["arn:aws:s3:::pver","arn:aws:s3:::pver/*"]}}]}}"#).into_bytes()
+    };
+    assert_eq!(s.call("PUT", "/pver", &[("policy", "")], both(r#""s3:DeleteObject""#)).await.0, 204);
+    let del = format!("<Delete><Object><Key>k</Key><VersionId>{old}</VersionId></Object></Delete>").into_bytes();
+    let res = bob("POST", "/pver", &[("delete", "")], vec![], del.clone()).await.unwrap();
+    let text = res.text().await.unwrap();
+    assert!(text.contains("<Error>") && text.contains("AccessDenied"), "{text}");
+    assert_eq!(s.call("GET", "/pver/k", &[("versionId", &old)], vec![]).await.0, 200, "still there");
+    assert_eq!(s.call("PUT", "/pver", &[("policy", "")], both(r#"["s3:DeleteObject","s3:DeleteObjectVersion"]"#)).await.0, 204);
+    let text = bob("POST", "/pver", &[("delete", "")], vec![], del).await.unwrap().text().await.unwrap();
+    assert!(text.contains("<Deleted>") && !text.contains("<Error>"), "{text}");
+    assert_eq!(s.call("GET", "/pver/k", &[("versionId", &old)], vec![]).await.0, 404, "gone");
     s.stop().await;
 }
