@@ -486,14 +486,15 @@ async fn write(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
         return fail(s, ctx.wcc_after(Some(&before), before.ino).await);
     }
     let stability = if a.stable == stable_how::UNSTABLE { Stability::Unstable } else { Stability::Durable };
-    let mut data = a.data.0.into_owned();
-    data.truncate(a.count as usize);
+    // The payload as it lies in the call's record: copied only into the write buffer, or
+    // once more when the write goes to a blocking thread.
+    let data = &a.data.0[..a.count as usize];
     let count = data.len() as u32;
     let (engine, caller, ino, off) = (ctx.engine(), ctx.caller.clone(), before.ino, a.offset);
     // An unstable WRITE that only adds to the file's write buffer is done here, without a
     // trip to a blocking thread; one that would wait goes to one.
     let inline = match stability {
-        Stability::Unstable => match engine.try_write_buffered(&caller, ino, off, &data) {
+        Stability::Unstable => match engine.try_write_buffered(&caller, ino, off, data) {
             Ok(true) => Some(engine.getattr(&caller, ino)),
             Ok(false) => None,
             Err(e) => Some(Err(e)),
@@ -502,7 +503,10 @@ async fn write(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     };
     let r = match inline {
         Some(r) => r,
-        None => blocking(move || engine.write(&caller, ino, off, &data, stability)).await,
+        None => {
+            let data = data.to_vec();
+            blocking(move || engine.write(&caller, ino, off, &data, stability)).await
+        }
     };
     match r {
         Ok(after) => packed(&WRITE3res::Ok(WRITE3resok {

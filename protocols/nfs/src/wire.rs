@@ -29,9 +29,14 @@ pub async fn read_record(rd: &mut (impl AsyncReadExt + Unpin)) -> anyhow::Result
         if record.len() + len > RECORD_BYTES_MAX {
             anyhow::bail!("record of more than {RECORD_BYTES_MAX} bytes refused");
         }
-        let start = record.len();
-        record.resize(start + len, 0);
-        rd.read_exact(&mut record[start..]).await?;
+        // Read into the spare capacity: a 1 MiB WRITE's record is not zeroed first.
+        record.reserve_exact(len);
+        let mut fragment = (&mut *rd).take(len as u64);
+        while fragment.limit() > 0 {
+            if fragment.read_buf(&mut record).await? == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+            }
+        }
         if last {
             return Ok(Some(record));
         }
