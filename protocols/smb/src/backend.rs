@@ -210,22 +210,37 @@ fn open_blocking(engine: &Arc<Engine>, caller: &Caller, full: &str, root: bool, 
             };
             made.map_err(smb_error)
         };
+        let overwrite = |a: Attr| -> SmbResult<(Attr, OpenAction)> {
+            if a.kind == FileKind::Dir {
+                return Err(SmbError::IsDirectory);
+            }
+            let a = engine
+                .setattr(caller, a.ino, SetAttr { size: Some(0), ..Default::default() })
+                .map_err(smb_error)?;
+            Ok((a, OpenAction::Overwritten))
+        };
         match (opts.intent, existing) {
             (OpenIntent::Create, Some(_)) => return Err(SmbError::Exists),
             (OpenIntent::Open | OpenIntent::Truncate, None) => return Err(SmbError::NotFound),
             (OpenIntent::Create | OpenIntent::OpenOrCreate | OpenIntent::OverwriteOrCreate, None) => {
-                (create(engine)?, OpenAction::Created)
+                match create(engine) {
+                    Ok(a) => (a, OpenAction::Created),
+                    // Another client made the name between the lookup and the create: OPEN_IF
+                    // and OVERWRITE_IF take what it made, as they would had it been there first
+                    // (smbtorture's `create.mkdir-dup` races directory creations like this).
+                    Err(SmbError::Exists) if opts.intent != OpenIntent::Create => {
+                        let a = lookup(engine, caller, parent.ino, name)?.ok_or(SmbError::Exists)?;
+                        if opts.intent == OpenIntent::OpenOrCreate {
+                            (a, OpenAction::Opened)
+                        } else {
+                            overwrite(a)?
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             (OpenIntent::Open | OpenIntent::OpenOrCreate, Some(a)) => (a, OpenAction::Opened),
-            (OpenIntent::Truncate | OpenIntent::OverwriteOrCreate, Some(a)) => {
-                if a.kind == FileKind::Dir {
-                    return Err(SmbError::IsDirectory);
-                }
-                let a = engine
-                    .setattr(caller, a.ino, SetAttr { size: Some(0), ..Default::default() })
-                    .map_err(smb_error)?;
-                (a, OpenAction::Overwritten)
-            }
+            (OpenIntent::Truncate | OpenIntent::OverwriteOrCreate, Some(a)) => overwrite(a)?,
             // OpenIntent is non-exhaustive: a disposition added upstream is refused until mapped.
             _ => return Err(SmbError::NotSupported),
         }
@@ -616,6 +631,16 @@ impl Handle for EngineHandle {
                 }
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn dir_entry(&self, name: &str) -> SmbResult<Option<DirEntry>> {
+        let name = name.to_string();
+        self.with(move |e, c, ino| match e.lookup(c, ino, name.as_bytes()) {
+            Ok(a) => Ok(Some(DirEntry { info: file_info(&name, &a) })),
+            Err(Error::NotFound | Error::Stale) => Ok(None),
+            Err(err) => Err(err),
         })
         .await
     }

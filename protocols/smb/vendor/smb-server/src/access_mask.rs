@@ -35,9 +35,12 @@ pub fn maximal_access(access: Access) -> u32 {
 
 /// Open.GrantedAccess for a CREATE DesiredAccess on a tree whose
 /// MaximalAccess is `maximal`. Generic bits map to file rights,
-/// MAXIMUM_ALLOWED adds all of `maximal`, and FILE_EXECUTE brings
-/// FILE_READ_DATA. `None` if `desired` asks for a file right outside
-/// `maximal`.
+/// MAXIMUM_ALLOWED adds all of `maximal`. `None` if `desired` asks for a
+/// file right outside `maximal`.
+///
+/// Aquifer patch: FILE_EXECUTE no longer brings FILE_READ_DATA. The open
+/// is granted what it asked for, as Windows and Samba grant it (and report
+/// it in FileAccessInformation); READ accepts either right instead.
 pub fn granted_access(desired: u32, maximal: u32) -> Option<u32> {
     let mut requested = desired;
     if desired & GENERIC_READ != 0 {
@@ -59,9 +62,6 @@ pub fn granted_access(desired: u32, maximal: u32) -> Option<u32> {
     if desired & MAXIMUM_ALLOWED != 0 {
         granted |= maximal;
     }
-    if granted & FILE_EXECUTE != 0 {
-        granted |= FILE_READ_DATA;
-    }
     Some(granted)
 }
 
@@ -76,10 +76,7 @@ mod tests {
         assert_eq!(granted_access(GENERIC_ALL, rw), Some(FILE_ALL_ACCESS));
         assert_eq!(granted_access(MAXIMUM_ALLOWED, rw), Some(FILE_ALL_ACCESS));
         assert_eq!(granted_access(GENERIC_WRITE, rw).unwrap() & DELETE, 0);
-        assert_eq!(
-            granted_access(FILE_EXECUTE, rw),
-            Some(FILE_EXECUTE | FILE_READ_DATA)
-        );
+        assert_eq!(granted_access(FILE_EXECUTE, rw), Some(FILE_EXECUTE));
     }
 
     #[test]

@@ -366,6 +366,17 @@ pub trait Handle: Send + Sync {
     /// them.
     async fn list_dir(&self, pattern: Option<&str>) -> SmbResult<Vec<DirEntry>>;
 
+    /// The entry `name` of this directory as it is now, `None` once it is
+    /// gone (Aquifer patch). QUERY_DIRECTORY asks this of the entries of a
+    /// listing it returns after the first query, so that names removed
+    /// since the listing began are not returned, as Windows and Samba read
+    /// a directory as they go. The default lists the directory with the
+    /// name as the pattern; backends with a cheaper lookup override it.
+    async fn dir_entry(&self, name: &str) -> SmbResult<Option<DirEntry>> {
+        let listed = self.list_dir(Some(name)).await?;
+        Ok(listed.into_iter().find(|e| e.info.name == name))
+    }
+
     /// Close the handle. Boxed self lets implementors consume internal state.
     async fn close(self: Box<Self>) -> SmbResult<()>;
 

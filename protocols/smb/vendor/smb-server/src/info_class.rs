@@ -33,7 +33,9 @@ pub const FILE_STREAM_INFORMATION: u8 = 0x16;
 pub const FILE_DISPOSITION_INFORMATION: u8 = 0x0D;
 pub const FILE_RENAME_INFORMATION: u8 = 0x0A;
 pub const FILE_LINK_INFORMATION: u8 = 0x0B;
+pub const FILE_COMPRESSION_INFORMATION: u8 = 0x1C;
 pub const FILE_NETWORK_OPEN_INFORMATION: u8 = 0x22;
+pub const FILE_ATTRIBUTE_TAG_INFORMATION: u8 = 0x23;
 pub const FILE_ID_BOTH_DIRECTORY_INFORMATION: u8 = 0x25;
 pub const FILE_ID_FULL_DIRECTORY_INFORMATION: u8 = 0x26;
 
@@ -105,8 +107,31 @@ pub fn encode_file_access_information(access_mask: u32) -> Vec<u8> {
 // FilePositionInformation (MS-FSCC §2.4.32) - 8 bytes
 // ---------------------------------------------------------------------------
 
-pub fn encode_file_position_information() -> Vec<u8> {
-    0u64.to_le_bytes().to_vec()
+/// Aquifer patch: the open's CurrentByteOffset (upstream always 0).
+pub fn encode_file_position_information(position: u64) -> Vec<u8> {
+    position.to_le_bytes().to_vec()
+}
+
+/// FileCompressionInformation (MS-FSCC §2.4.9) - 16 bytes (Aquifer patch).
+/// Nothing here is stored compressed (MS-FSA 2.1.5.12.7): CompressedFileSize
+/// is the file's size (0 for a directory), CompressionFormat
+/// COMPRESSION_FORMAT_NONE and the shifts 0.
+pub fn encode_file_compression_information(info: &FileInfo) -> Vec<u8> {
+    let size = if info.is_directory { 0 } else { info.end_of_file };
+    let mut out = Vec::with_capacity(16);
+    out.extend_from_slice(&size.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes()); // CompressionFormat
+    out.resize(16, 0); // CompressionUnitShift, ChunkShift, ClusterShift, Reserved
+    out
+}
+
+/// FileAttributeTagInformation (MS-FSCC §2.4.6) - 8 bytes (Aquifer patch):
+/// the attributes and ReparseTag 0, since no file here is a reparse point.
+pub fn encode_file_attribute_tag_information(info: &FileInfo) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8);
+    out.extend_from_slice(&info.attributes().to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out
 }
 
 // ---------------------------------------------------------------------------
@@ -137,6 +162,7 @@ pub fn encode_file_all_information(
     access_mask: u32,
     links: u32,
     delete_pending: bool,
+    position: u64,
 ) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&encode_file_basic_information(info));
@@ -148,7 +174,7 @@ pub fn encode_file_all_information(
     out.extend_from_slice(&encode_file_internal_information(info.file_index));
     out.extend_from_slice(&encode_file_ea_information());
     out.extend_from_slice(&encode_file_access_information(access_mask));
-    out.extend_from_slice(&encode_file_position_information());
+    out.extend_from_slice(&encode_file_position_information(position));
     out.extend_from_slice(&encode_file_mode_information(0));
     out.extend_from_slice(&encode_file_alignment_information());
     out.extend_from_slice(&0u32.to_le_bytes()); // FileNameLength
@@ -203,7 +229,9 @@ pub const FS_VOLUME_INFORMATION: u8 = 0x01;
 pub const FS_SIZE_INFORMATION: u8 = 0x03;
 pub const FS_DEVICE_INFORMATION: u8 = 0x04;
 pub const FS_ATTRIBUTE_INFORMATION: u8 = 0x05;
+pub const FS_CONTROL_INFORMATION: u8 = 0x06;
 pub const FS_FULL_SIZE_INFORMATION: u8 = 0x07;
+pub const FS_OBJECT_ID_INFORMATION: u8 = 0x08;
 pub const FS_SECTOR_SIZE_INFORMATION: u8 = 0x0B;
 
 /// Volume serial number of a backend that reports none of its own.
@@ -292,6 +320,32 @@ pub fn encode_fs_sector_size_information(bytes_per_sector: u32) -> Vec<u8> {
     out.extend_from_slice(&flags.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes()); // ByteOffsetForSectorAlignment
     out.extend_from_slice(&0u32.to_le_bytes()); // ByteOffsetForPartitionAlignment
+    out
+}
+
+/// FileFsControlInformation (MS-FSCC §2.5.2) - 48 bytes, for a volume
+/// without quotas (Aquifer patch): no free-space filtering, default quota
+/// threshold and limit "none" (all ones), FileSystemControlFlags 0 (quotas
+/// neither tracked nor enforced).
+pub fn encode_fs_control_information() -> Vec<u8> {
+    let mut out = Vec::with_capacity(48);
+    for _ in 0..3 {
+        out.extend_from_slice(&0u64.to_le_bytes()); // FreeSpace{Start,Threshold,Stop}Filtering
+    }
+    out.extend_from_slice(&u64::MAX.to_le_bytes()); // DefaultQuotaThreshold
+    out.extend_from_slice(&u64::MAX.to_le_bytes()); // DefaultQuotaLimit
+    out.extend_from_slice(&0u32.to_le_bytes()); // FileSystemControlFlags
+    out.extend_from_slice(&0u32.to_le_bytes()); // Padding
+    out
+}
+
+/// FileFsObjectIdInformation (MS-FSCC §2.5.6) - 64 bytes (Aquifer patch):
+/// the volume's 16-byte object id and 48 bytes of ExtendedInfo, which this
+/// server leaves zero.
+pub fn encode_fs_object_id_information(object_id: [u8; 16]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&object_id);
+    out.resize(64, 0);
     out
 }
 
@@ -454,7 +508,7 @@ mod tests {
 
     #[test]
     fn file_all_information_empty_name_keeps_linux_minimum_size() {
-        let bytes = encode_file_all_information(&fake_info(), 0x001F_01FF, 1, false);
+        let bytes = encode_file_all_information(&fake_info(), 0x001F_01FF, 1, false, 0);
         assert_eq!(bytes.len(), 101);
         // FileNameLength
         assert_eq!(bytes[96..100], [0; 4]);

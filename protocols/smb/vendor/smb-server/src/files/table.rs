@@ -1064,6 +1064,10 @@ pub(crate) struct FileRef {
     /// the table.
     lease: Option<LeaseRef>,
     released: bool,
+    /// Open.CurrentByteOffset (MS-FSA 2.1.1.6): where the last READ through
+    /// the open ended, or what FilePositionInformation set (Aquifer patch).
+    /// It lives here, in the open's own entry, beside its oplock.
+    position: AtomicU64,
 }
 
 impl FileRef {
@@ -1158,6 +1162,7 @@ impl FileRef {
             id,
             lease: None,
             released: false,
+            position: AtomicU64::new(0),
         };
         Ok((file, wait))
     }
@@ -1618,6 +1623,18 @@ impl FileRef {
         }) {
             state.locks.remove(at);
         }
+    }
+
+    /// The open's CurrentByteOffset, which FilePositionInformation reports.
+    pub(crate) fn position(&self) -> u64 {
+        self.position.load(Ordering::Relaxed)
+    }
+
+    /// Sets the open's CurrentByteOffset: after a READ, where it ended
+    /// (as Samba keeps it; Windows servers report 0, which MS-SMB2
+    /// 3.3.5.20.1 allows), or the value FilePositionInformation sets.
+    pub(crate) fn set_position(&self, position: u64) {
+        self.position.store(position, Ordering::Relaxed);
     }
 
     /// Fails with STATUS_FILE_LOCK_CONFLICT when a read (or a write, if

@@ -10,8 +10,8 @@ use crate::proto::messages::change_notify::{
 };
 use crate::proto::messages::{
     CreateContext, CreateRequest, CreateResponse, Dialect, DurableReconnect, DurableReconnectV2,
-    DurableRequest, DurableRequestV2, DurableResponse, DurableResponseV2, FileId, LeaseContext,
-    OplockLevel,
+    DurableRequest, DurableRequestV2, DurableResponse, DurableResponseV2, FileId,
+    ImpersonationLevel, LeaseContext, OplockLevel,
 };
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -396,6 +396,15 @@ impl CreateArgs {
             }));
         }
 
+        // Aquifer patch: MS-SMB2 2.2.13 has the server validate
+        // ImpersonationLevel and otherwise ignore it; a level past
+        // SecurityDelegation is STATUS_BAD_IMPERSONATION_LEVEL, as Windows
+        // and Samba answer (upstream ignored it). Reconnects skip the check,
+        // as they do on both.
+        if req.impersonation_level > ImpersonationLevel::Delegate as u32 {
+            return Err(ntstatus::STATUS_BAD_IMPERSONATION_LEVEL);
+        }
+
         // Decode path.
         let units = utf16le_to_units(&req.name).ok_or(ntstatus::STATUS_INVALID_PARAMETER)?;
         // Aquifer patch: a name that starts with a separator is refused, as
@@ -507,7 +516,7 @@ impl CreateArgs {
 
         let write = open_access & (FILE_WRITE_DATA | FILE_APPEND_DATA) != 0;
         let opts = OpenOptions {
-            read: open_access & FILE_READ_DATA != 0 || !write,
+            read: open_access & (FILE_READ_DATA | FILE_EXECUTE) != 0 || !write,
             write,
             write_attributes: open_access & FILE_WRITE_ATTRIBUTES != 0,
             intent,

@@ -54,9 +54,12 @@ pub async fn handle(
     };
 
     let result = if first.flags & UNLOCK != 0 {
-        // MS-SMB2 3.3.5.14.1: unlocks done before a failure stay done.
+        // MS-SMB2 3.3.5.14.1: unlocks done before a failure stay done, and
+        // an element whose LockFlags are anything but SMB2_LOCKFLAG_UNLOCK
+        // (FAIL_IMMEDIATELY included; Aquifer patch) is
+        // STATUS_INVALID_PARAMETER.
         req.locks.iter().try_for_each(|l| {
-            if l.flags & !FAIL_IMMEDIATELY != UNLOCK {
+            if l.flags != UNLOCK {
                 return Err(ntstatus::STATUS_INVALID_PARAMETER);
             }
             file.unlock_range(l.offset, l.length)

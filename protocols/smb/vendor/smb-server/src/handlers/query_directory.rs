@@ -100,13 +100,45 @@ pub async fn handle(
         }
     }
 
-    let cursor = open.search_state.as_mut().expect("scan started");
+    let Open {
+        search_state,
+        handle,
+        ..
+    } = &mut *open;
+    let cursor = search_state.as_mut().expect("scan started");
+    // Aquifer patch: a query that goes on with a listing started before
+    // checks each entry against the directory as it is now, so entries
+    // removed since (through another open or another protocol) are left
+    // out and the rest report their current attributes, as Windows and
+    // Samba, which read the directory as they go, answer. The first query
+    // and restarts list the directory anew and need no check.
+    let refresh = if first_query || restart {
+        None
+    } else {
+        handle.as_ref()
+    };
     let mut buf: Vec<u8> = Vec::new();
     let mut last_entry: Option<usize> = None;
     let mut status = ntstatus::STATUS_SUCCESS;
     while cursor.next < cursor.entries.len() {
         if single_entry && last_entry.is_some() {
             break;
+        }
+        if let Some(handle) = refresh {
+            let name = &cursor.entries[cursor.next].info.name;
+            if name != "." && name != ".." {
+                match handle.dir_entry(name).await {
+                    Ok(Some(current)) => cursor.entries[cursor.next] = current,
+                    Ok(None) => {
+                        cursor.next += 1;
+                        continue;
+                    }
+                    // Kept as the listing saw it when it cannot be looked
+                    // up (e.g. the directory allows listing but not
+                    // traversal).
+                    Err(_) => {}
+                }
+            }
         }
         let mut bytes = encode_dir_entry(class, &cursor.entries[cursor.next]);
         let start = align8(buf.len());

@@ -200,6 +200,10 @@ async fn query_file(open: &Open, class: u8, cap: usize) -> Reply {
         ic::FILE_STREAM_INFORMATION => (24, Overflow::WholeEntries, 0),
         ic::FILE_FULL_EA_INFORMATION => (0, Overflow::Never, FILE_READ_EA),
         ic::FILE_ALTERNATE_NAME_INFORMATION => (8, Overflow::Never, 0),
+        // Aquifer patch: two classes MS-SMB2 2.2.37 lists that upstream
+        // answered STATUS_NOT_SUPPORTED.
+        ic::FILE_COMPRESSION_INFORMATION => (16, Overflow::Never, 0),
+        ic::FILE_ATTRIBUTE_TAG_INFORMATION => (8, Overflow::Never, FILE_READ_ATTRIBUTES),
         // MS-FSA 2.1.5.12.19: not available to remote clients.
         ic::FILE_NAME_INFORMATION => return Err(ntstatus::STATUS_NOT_SUPPORTED),
         c if is_file_class(c) => return Err(ntstatus::STATUS_NOT_SUPPORTED),
@@ -225,16 +229,19 @@ async fn query_file(open: &Open, class: u8, cap: usize) -> Reply {
                     open.granted_access,
                     links,
                     open.delete_pending(),
+                    position(open),
                 )
             }
         }
         ic::FILE_INTERNAL_INFORMATION => ic::encode_file_internal_information(info.file_index),
         ic::FILE_EA_INFORMATION => ic::encode_file_ea_information(),
         ic::FILE_ACCESS_INFORMATION => ic::encode_file_access_information(open.granted_access),
-        ic::FILE_POSITION_INFORMATION => ic::encode_file_position_information(),
+        ic::FILE_POSITION_INFORMATION => ic::encode_file_position_information(position(open)),
         ic::FILE_MODE_INFORMATION => ic::encode_file_mode_information(0),
         ic::FILE_ALIGNMENT_INFORMATION => ic::encode_file_alignment_information(),
         ic::FILE_NETWORK_OPEN_INFORMATION => ic::encode_file_network_open_information(&info),
+        ic::FILE_COMPRESSION_INFORMATION => ic::encode_file_compression_information(&info),
+        ic::FILE_ATTRIBUTE_TAG_INFORMATION => ic::encode_file_attribute_tag_information(&info),
         ic::FILE_STREAM_INFORMATION => ic::encode_file_stream_information(&info),
         ic::FILE_FULL_EA_INFORMATION => return Err(ntstatus::STATUS_NO_EAS_ON_FILE),
         // MS-FSA 2.1.5.12.4. Files here have no 8.3 short name.
@@ -256,8 +263,13 @@ async fn query_filesystem(open: &Open, share: &ShareBindings, class: u8, cap: us
         ic::FS_ATTRIBUTE_INFORMATION => (12, Overflow::Truncate),
         ic::FS_FULL_SIZE_INFORMATION => (32, Overflow::Never),
         ic::FS_SECTOR_SIZE_INFORMATION => (28, Overflow::Never),
-        // FileFsLabelInformation through FileFsVolumeFlagsInformation.
-        2 | 6 | 8 | 9 | 10 => return Err(ntstatus::STATUS_NOT_SUPPORTED),
+        // Aquifer patch: FileFsControlInformation (no quotas) and
+        // FileFsObjectIdInformation, which Windows and Samba answer.
+        ic::FS_CONTROL_INFORMATION => (48, Overflow::Never),
+        ic::FS_OBJECT_ID_INFORMATION => (64, Overflow::Never),
+        // FileFsLabelInformation, FileFsDriverPathInformation and
+        // FileFsVolumeFlagsInformation.
+        2 | 9 | 10 => return Err(ntstatus::STATUS_NOT_SUPPORTED),
         _ => return Err(ntstatus::STATUS_INVALID_INFO_CLASS),
     };
     if cap < min_len {
@@ -266,6 +278,9 @@ async fn query_filesystem(open: &Open, share: &ShareBindings, class: u8, cap: us
     if class == ic::FS_DEVICE_INFORMATION {
         let buf = ic::encode_fs_device_information(FILE_DEVICE_DISK, FILE_REMOTE_DEVICE);
         return Ok((buf, overflow));
+    }
+    if class == ic::FS_CONTROL_INFORMATION {
+        return Ok((ic::encode_fs_control_information(), overflow));
     }
     let volume = share
         .backend
@@ -307,9 +322,29 @@ async fn query_filesystem(open: &Open, share: &ShareBindings, class: u8, cap: us
         ic::FS_SECTOR_SIZE_INFORMATION => {
             ic::encode_fs_sector_size_information(volume.bytes_per_sector)
         }
+        ic::FS_OBJECT_ID_INFORMATION => {
+            let label = volume.label.as_deref().unwrap_or(&share.name);
+            ic::encode_fs_object_id_information(volume_object_id(volume.serial_number, label))
+        }
         _ => unreachable!("class checked above"),
     };
     Ok((buf, overflow))
+}
+
+/// The volume's object id for FileFsObjectIdInformation: MD5 of its serial
+/// number and label, so it stays the same for a share across restarts and
+/// differs between shares (Samba derives it from the share name too).
+fn volume_object_id(serial_number: u32, label: &str) -> [u8; 16] {
+    use md5::{Digest, Md5};
+    let mut h = Md5::new();
+    h.update(serial_number.to_le_bytes());
+    h.update(label.as_bytes());
+    h.finalize().into()
+}
+
+/// The open's CurrentByteOffset (MS-FSA 2.1.1.6).
+fn position(open: &Open) -> u64 {
+    open.file.as_ref().map_or(0, |f| f.position())
 }
 
 /// True if MS-FSCC 2.4 documents `class` as a file information class.

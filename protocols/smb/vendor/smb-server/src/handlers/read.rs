@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::proto::header::{SMB2_HEADER_LEN, Smb2Header};
 use crate::proto::messages::{ReadRequest, ReadResponse};
 
-use crate::access_mask::FILE_READ_DATA;
+use crate::access_mask::{FILE_EXECUTE, FILE_READ_DATA};
 use crate::conn::state::Connection;
 use crate::dispatch::HandlerResponse;
 use crate::handlers::shared::{channel_is_valid, lookup_open, lookup_session_tree};
@@ -36,7 +36,11 @@ pub async fn handle(
     };
     let result = {
         let open = open_arc.read().await;
-        if open.granted_access & FILE_READ_DATA == 0 {
+        // Aquifer patch: MS-SMB2 3.3.5.12 wants GrantedAccess to allow for
+        // reading data; as on Windows and Samba, FILE_EXECUTE does (a program
+        // is read to run it). An open is no longer granted FILE_READ_DATA it
+        // did not ask for, so both rights are checked here.
+        if open.granted_access & (FILE_READ_DATA | FILE_EXECUTE) == 0 {
             return HandlerResponse::err(ntstatus::STATUS_ACCESS_DENIED);
         }
         if !channel_is_valid(*conn.dialect.read().await, req.channel) {
@@ -48,10 +52,19 @@ pub async fn handle(
         {
             return HandlerResponse::err(status);
         }
-        match open.handle.as_ref() {
+        let result = match open.handle.as_ref() {
             Some(h) => h.read(req.offset, req.length).await,
             None => return HandlerResponse::err(ntstatus::STATUS_FILE_CLOSED),
+        };
+        // Aquifer patch: the open's CurrentByteOffset follows its reads, as
+        // Samba keeps it (FilePositionInformation reports it).
+        if let (Ok(bytes), Some(file)) = (&result, open.file.as_ref())
+            && bytes.len() >= req.minimum_count as usize
+            && !(bytes.is_empty() && req.length > 0)
+        {
+            file.set_position(req.offset.saturating_add(bytes.len() as u64));
         }
+        result
     };
     let bytes = match result {
         Ok(b) => b,

@@ -15,6 +15,7 @@ use crate::conn::pending::{Stop, stopped};
 use crate::conn::state::{Connection, Open};
 use crate::dispatch::HandlerResponse;
 use crate::files::{BreakWait, CONTENT_CHANGED, Change, MAX_BREAK_WAIT, Trigger};
+use crate::handlers::create::FILE_NO_INTERMEDIATE_BUFFERING;
 use crate::handlers::shared::{lookup_open, lookup_session_tree, restore_fixed_times};
 use crate::handlers::{Outcome, Pending};
 use crate::info_class as ic;
@@ -46,6 +47,7 @@ enum Class {
     Rename,
     Link,
     Allocation,
+    Position,
 }
 
 pub async fn handle(
@@ -112,6 +114,8 @@ async fn set(
         ic::FILE_LINK_INFORMATION => (Class::Link, 0),
         ic::FILE_END_OF_FILE_INFORMATION => (Class::EndOfFile, FILE_WRITE_DATA),
         ic::FILE_ALLOCATION_INFORMATION => (Class::Allocation, FILE_WRITE_DATA),
+        // Aquifer patch: Open.CurrentByteOffset, which needs no access.
+        ic::FILE_POSITION_INFORMATION => (Class::Position, 0),
         class if SETTABLE_CLASSES.contains(&class) => {
             return Ok(HandlerResponse::err(ntstatus::STATUS_NOT_SUPPORTED));
         }
@@ -210,12 +214,39 @@ async fn set(
             };
             link(&share, &open_arc, &to, replace).await
         }
+        Class::Position => {
+            let Some(bytes) = buffer.get(..8) else {
+                return Ok(HandlerResponse::err(ntstatus::STATUS_INFO_LENGTH_MISMATCH));
+            };
+            let position = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+            set_position(&share, &*open_arc.read().await, position).await
+        }
     };
 
     if let Err(status) = result {
         return Ok(HandlerResponse::err(status));
     }
     Ok(set_info_ok())
+}
+
+/// FilePositionInformation (MS-FSA 2.1.5.14.9): a negative offset, or on an
+/// open with FILE_NO_INTERMEDIATE_BUFFERING one that is not a multiple of
+/// the volume's sector size, is STATUS_INVALID_PARAMETER and changes
+/// nothing.
+async fn set_position(share: &ShareBindings, open: &Open, position: u64) -> Result<(), u32> {
+    if position > i64::MAX as u64 {
+        return Err(ntstatus::STATUS_INVALID_PARAMETER);
+    }
+    if open.create_options & FILE_NO_INTERMEDIATE_BUFFERING != 0 {
+        let volume = share.backend.volume_info().await.map_err(|e| e.to_nt_status())?;
+        let sector = u64::from(volume.bytes_per_sector.max(1));
+        if position % sector != 0 {
+            return Err(ntstatus::STATUS_INVALID_PARAMETER);
+        }
+    }
+    let file = open.file.as_ref().ok_or(ntstatus::STATUS_FILE_CLOSED)?;
+    file.set_position(position);
+    Ok(())
 }
 
 /// The new name of FileRenameInformation and FileLinkInformation, which share

@@ -1,0 +1,82 @@
+//! Query and set information, reads, directory listings, locks and CREATE checks end to end:
+//! Samba's `smbtorture` (apt `samba-testsuite`) runs tests of its `smb2.getinfo`, `smb2.read`,
+//! `smb2.dir`, `smb2.lock` and `smb2.create` suites against the SMB service over an engine in
+//! a temporary directory.
+//!
+//! - `getinfo.fsinfo`: every file system information class smbtorture knows is answered,
+//!   FileFsControlInformation (no quotas) and FileFsObjectIdInformation included.
+//! - `getinfo.granted`: an open asking for FILE_EXECUTE and FILE_READ_ATTRIBUTES is granted
+//!   exactly that (FileAllInformation's AccessFlags), for a file and a directory.
+//! - `read.position`: FilePositionInformation reports where the open's last READ ended.
+//! - `dir.fixed`: a listing begun on one open leaves out the entries another open deleted
+//!   before the listing went on.
+//! - `lock.valid-request`: malformed LOCK requests (no elements, bad flag combinations, an
+//!   unlock with FAIL_IMMEDIATELY) are STATUS_INVALID_PARAMETER and lock nothing.
+//! - `create.impersonation`: an ImpersonationLevel past SecurityDelegation is
+//!   STATUS_BAD_IMPERSONATION_LEVEL.
+//!
+//! Each list also holds the tests of its suite that passed before, so a regression in any of
+//! them fails this test too (docs/smb-conformance.md has the per-test results).
+
+mod common;
+
+const GETINFO: &[&str] = &["fsinfo", "qsec_buffercheck", "granted"];
+
+const READ: &[&str] = &["eof", "position", "dir", "access"];
+
+const DIR: &[&str] = &["find", "fixed", "many", "sorted", "file-index", "large-files"];
+
+const LOCK: &[&str] = &[
+    "valid-request",
+    "rw-shared",
+    "rw-exclusive",
+    "auto-unlock",
+    "lock",
+    "errorcode",
+    "zerobytelength",
+    "zerobyteread",
+    "unlock",
+    "multiple-unlock",
+    "stacking",
+    "contend",
+    "context",
+    "range",
+    "overlap",
+    "truncate",
+];
+
+const CREATE: &[&str] = &[
+    "impersonation",
+    "brlocked",
+    "multi",
+    "delete",
+    "leading-slash",
+    "mkdir-dup",
+    "dir-alloc-size",
+    "dosattr_tmp_dir",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smbtorture_getinfo_tests_pass() {
+    common::assert_smbtorture_passes("smb2.getinfo", GETINFO).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smbtorture_read_tests_pass() {
+    common::assert_smbtorture_passes("smb2.read", READ).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smbtorture_dir_tests_pass() {
+    common::assert_smbtorture_passes("smb2.dir", DIR).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smbtorture_lock_tests_pass() {
+    common::assert_smbtorture_passes("smb2.lock", LOCK).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smbtorture_create_tests_pass() {
+    common::assert_smbtorture_passes("smb2.create", CREATE).await;
+}
