@@ -13,7 +13,9 @@
 //!
 //! Bodies stream: uploads go to the engine in [`PUT_CHUNK_BYTES`] pieces, downloads come
 //! from it in [`READ_PIECE_BYTES_MAX`] pieces, so memory per request does not grow with the
-//! object. See `README.md` in this crate for the decisions S3 clients can observe.
+//! object. The exception is a browser upload (POST Object): s3s holds its file in memory, at
+//! most [`POST_OBJECT_BYTES_MAX`] (see `post`). See `README.md` in this crate for the
+//! decisions S3 clients can observe.
 
 mod acl;
 mod auth;
@@ -22,6 +24,7 @@ mod keys;
 mod lifecycle;
 pub mod meta;
 mod policy;
+mod post;
 mod server;
 mod service;
 
@@ -30,6 +33,7 @@ pub use keys::KEY_BYTES_MAX;
 pub use meta::{TAG_KEY_BYTES_MAX, TAG_VALUE_BYTES_MAX, TAGS_MAX};
 pub use lifecycle::{LIFECYCLE_RULES_MAX, lifecycle_pass};
 pub use policy::POLICY_BYTES_MAX;
+pub use post::{FORM_FIELDS_BYTES_MAX, POST_OBJECT_BYTES_MAX};
 pub use server::{CONNECTIONS_MAX, SHUTDOWN_GRACE_MS, serve};
 pub use service::{LIST_KEYS_DEFAULT, PART_BYTES_MIN, PUT_CHUNK_BYTES, READ_PIECE_BYTES_MAX};
 

@@ -27,6 +27,8 @@ use crate::service::AquiferS3;
 struct RequestIds {
     inner: s3s::service::S3Service,
     peer: Option<std::net::IpAddr>,
+    /// The virtual-host domain, to tell which POSTs address a bucket (browser uploads).
+    domain: Option<Arc<str>>,
 }
 
 impl hyper::service::Service<http::Request<hyper::body::Incoming>> for RequestIds {
@@ -40,7 +42,20 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for RequestId
             req.extensions_mut().insert(PeerAddr(ip));
         }
         let body_may_be_unread = http1_with_body(&req);
-        let inner = hyper::service::Service::call(&self.inner, req);
+        let form_bucket = crate::post::form_upload_bucket(&req, self.domain.as_deref());
+        let inner: Self::Future = match form_bucket {
+            // A browser upload: its form is checked as S3 does before s3s takes it.
+            Some(bucket) => {
+                let s3 = self.inner.clone();
+                Box::pin(async move {
+                    match crate::post::prepare(req, &bucket).await {
+                        Ok(req) => s3.call(req).await,
+                        Err(e) => Ok(error_response(&e)),
+                    }
+                })
+            }
+            None => Box::pin(hyper::service::Service::call(&self.inner, req)),
+        };
         Box::pin(async move {
             let mut resp = inner.await?;
             let id = new_request_id();
@@ -58,6 +73,21 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for RequestId
             Ok(resp)
         })
     }
+}
+
+/// An S3 error answer for a request refused before s3s saw it (as s3s writes them).
+fn error_response(e: &s3s::S3Error) -> s3s::HttpResponse {
+    let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;");
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{}</Code><Message>{}</Message></Error>",
+        esc(e.code().as_str()),
+        esc(e.message().unwrap_or_default())
+    );
+    let mut resp = http::Response::new(s3s::Body::from(body.clone()));
+    *resp.status_mut() = e.status_code().unwrap_or(http::StatusCode::BAD_REQUEST);
+    resp.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/xml"));
+    resp.headers_mut().insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(body.len()));
+    resp
 }
 
 /// An HTTP/1 request that announces a body (HTTP/2 frames its bodies, so a refused body
@@ -117,11 +147,15 @@ pub async fn serve(
         let mut b = S3ServiceBuilder::new(AquiferS3::new(engine.clone()));
         b.set_auth(EngineAuth { engine: engine.clone() });
         b.set_access(PolicyAccess { engine: engine.clone() });
+        // s3s holds a POST upload's file in memory before the upload is stored.
+        let mut config = s3s::config::S3Config::default();
+        config.post_object_max_file_size = crate::post::POST_OBJECT_BYTES_MAX;
+        b.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(config))));
         if let Some(domain) = &opts.domain {
             let host = s3s::host::SingleDomain::new(domain).with_context(|| format!("use S3 domain {domain}"))?;
             b.set_host(host);
         }
-        RequestIds { inner: b.build(), peer: None }
+        RequestIds { inner: b.build(), peer: None, domain: opts.domain.as_deref().map(Arc::from) }
     };
     // Lifecycle rules are carried out by the S3 listener's own task, which ends with it.
     let (lifecycle_stop, stopped) = tokio::sync::watch::channel(false);

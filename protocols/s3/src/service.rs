@@ -373,6 +373,88 @@ fn load_tags(engine: &Engine, caller: &Caller, ino: Ino) -> Vec<(String, String)
     engine.getxattr(caller, ino, XATTR_TAGS).map(|v| decode_tags(&v)).unwrap_or_default()
 }
 
+// s3s's own conversions between PostObject and PutObject are private to it.
+fn post_object_input_into_put_object_input(x: PostObjectInput) -> PutObjectInput {
+    PutObjectInput {
+        acl: x.acl,
+        body: x.body,
+        bucket: x.bucket,
+        bucket_key_enabled: x.bucket_key_enabled,
+        cache_control: x.cache_control,
+        checksum_algorithm: x.checksum_algorithm,
+        checksum_crc32: x.checksum_crc32,
+        checksum_crc32c: x.checksum_crc32c,
+        checksum_crc64nvme: x.checksum_crc64nvme,
+        checksum_sha1: x.checksum_sha1,
+        checksum_sha256: x.checksum_sha256,
+        content_disposition: x.content_disposition,
+        content_encoding: x.content_encoding,
+        content_language: x.content_language,
+        content_length: x.content_length,
+        content_md5: x.content_md5,
+        content_type: x.content_type,
+        expected_bucket_owner: x.expected_bucket_owner,
+        expires: x.expires,
+        grant_full_control: x.grant_full_control,
+        grant_read: x.grant_read,
+        grant_read_acp: x.grant_read_acp,
+        grant_write_acp: x.grant_write_acp,
+        if_match: x.if_match,
+        if_none_match: x.if_none_match,
+        key: x.key,
+        metadata: x.metadata,
+        object_lock_legal_hold_status: x.object_lock_legal_hold_status,
+        object_lock_mode: x.object_lock_mode,
+        object_lock_retain_until_date: x.object_lock_retain_until_date,
+        request_payer: x.request_payer,
+        sse_customer_algorithm: x.sse_customer_algorithm,
+        sse_customer_key: x.sse_customer_key,
+        sse_customer_key_md5: x.sse_customer_key_md5,
+        ssekms_encryption_context: x.ssekms_encryption_context,
+        ssekms_key_id: x.ssekms_key_id,
+        server_side_encryption: x.server_side_encryption,
+        storage_class: x.storage_class,
+        tagging: x.tagging,
+        website_redirect_location: x.website_redirect_location,
+        write_offset_bytes: x.write_offset_bytes,
+    }
+}
+fn put_object_output_into_post_object_output(x: PutObjectOutput) -> PostObjectOutput {
+    PostObjectOutput {
+        bucket_key_enabled: x.bucket_key_enabled,
+        checksum_crc32: x.checksum_crc32,
+        checksum_crc32c: x.checksum_crc32c,
+        checksum_crc64nvme: x.checksum_crc64nvme,
+        checksum_sha1: x.checksum_sha1,
+        checksum_sha256: x.checksum_sha256,
+        checksum_type: x.checksum_type,
+        e_tag: x.e_tag,
+        expiration: x.expiration,
+        request_charged: x.request_charged,
+        sse_customer_algorithm: x.sse_customer_algorithm,
+        sse_customer_key_md5: x.sse_customer_key_md5,
+        ssekms_encryption_context: x.ssekms_encryption_context,
+        ssekms_key_id: x.ssekms_key_id,
+        server_side_encryption: x.server_side_encryption,
+        size: x.size,
+        version_id: x.version_id,
+    }
+}
+
+/// A POST form's `tagging` field (an XML `Tagging` document) in `x-amz-tagging` form.
+fn tagging_xml_as_header(xml: &str) -> S3Result<String> {
+    let mut d = s3s::xml::Deserializer::new(xml.as_bytes());
+    let tagging = <Tagging as s3s::xml::Deserialize>::deserialize(&mut d)
+        .and_then(|t| d.expect_eof().map(|()| t))
+        .map_err(|e| err(S3ErrorCode::MalformedXML, format!("the tagging field is not a Tagging document: {e}")))?;
+    let pairs: Vec<String> = tagging
+        .tag_set
+        .iter()
+        .map(|t| format!("{}={}", urlencoding::encode(t.key.as_deref().unwrap_or("")), urlencoding::encode(t.value.as_deref().unwrap_or(""))))
+        .collect();
+    Ok(pairs.join("&"))
+}
+
 /// Parses and checks an `x-amz-tagging` header (URL query form).
 fn parse_tagging_header(h: &str) -> S3Result<Vec<(String, String)>> {
     let mut tags = Vec::new();
@@ -1584,6 +1666,39 @@ impl S3 for AquiferS3 {
             checksum_crc64nvme: sums.checksum_crc64nvme,
             ..Default::default()
         }))
+    }
+
+    /// A browser upload (POST Object) is a PutObject of the form's file. s3s reads the
+    /// canned ACL and the tags from fields `x-amz-acl` and `x-amz-tagging`; S3's form
+    /// names them `acl` and `tagging` (an XML `Tagging` document), taken here from the fields
+    /// `post::prepare` kept.
+    async fn post_object(&self, req: S3Request<PostObjectInput>) -> S3Result<S3Response<PostObjectOutput>> {
+        let form = req.extensions.get::<crate::post::PostForm>().cloned();
+        let mut req = req.map_input(post_object_input_into_put_object_input);
+        if let Some(form) = form {
+            if req.input.acl.is_none()
+                && let Some(acl) = form.get("acl")
+            {
+                req.input.acl = Some(ObjectCannedACL::from(acl.to_string()));
+            }
+            if req.input.tagging.is_none()
+                && let Some(xml) = form.get("tagging")
+            {
+                req.input.tagging = Some(tagging_xml_as_header(xml)?);
+            }
+        }
+        let mut resp = self.put_object(req).await?.map_output(put_object_output_into_post_object_output);
+        // S3 sends a POST upload's ETag quoted in the header, in the redirect URL
+        // (`etag=%22…%22`) and in the 201 PostResponse; s3s writes the last two from the
+        // value as it is.
+        if let Some(etag) = resp.output.e_tag.take() {
+            let q = format!("\"{}\"", etag.value());
+            if let Ok(v) = http::HeaderValue::from_str(&q) {
+                resp.headers.insert(http::header::ETAG, v);
+            }
+            resp.output.e_tag = Some(ETag::Strong(q));
+        }
+        Ok(resp)
     }
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {

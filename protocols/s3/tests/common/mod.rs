@@ -135,7 +135,7 @@ pub fn error_code(body: &str) -> &str {
     body.split("<Code>").nth(1).and_then(|s| s.split("</Code>").next()).unwrap_or("")
 }
 
-fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
+pub fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
     let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("any key length");
     m.update(data);
     m.finalize().into_bytes().to_vec()
@@ -155,7 +155,7 @@ fn uri_encode(s: &str, encode_slash: bool) -> String {
 }
 
 /// (`YYYYMMDDTHHMMSSZ`, `YYYYMMDD`) for now, UTC.
-fn amz_now() -> (String, String) {
+pub fn amz_now() -> (String, String) {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_secs() as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).

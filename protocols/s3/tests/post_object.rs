@@ -1,0 +1,186 @@
+//! Browser-based uploads (POST Object): forms signed with SigV4 over their policy, as a
+//! browser sends them. A form the policy does not admit is refused as S3 refuses it and
+//! leaves no object and no space behind.
+
+mod common;
+
+use common::{REGION, Server, amz_now, error_code, hmac, start};
+use serde_json::{Value, json};
+
+const FUTURE: &str = "2099-01-01T00:00:00.000Z";
+
+fn b64(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in data.chunks(3) {
+        let n = (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The SigV4 fields of a form signed with alice's key: the policy (with the `x-amz-*`
+/// conditions SigV4 asks for) and its signature.
+fn signed(s: &Server, expiration: &str, mut conditions: Vec<Value>) -> Vec<(String, String)> {
+    let (amz_date, day) = amz_now();
+    let cred = format!("{}/{day}/{REGION}/s3/aws4_request", s.access);
+    conditions.push(json!({"x-amz-algorithm": "AWS4-HMAC-SHA256"}));
+    conditions.push(json!({"x-amz-credential": cred}));
+    conditions.push(json!({"x-amz-date": amz_date}));
+    let policy = b64(json!({"expiration": expiration, "conditions": conditions}).to_string().as_bytes());
+    let mut key = hmac(format!("AWS4{}", s.secret).as_bytes(), day.as_bytes());
+    for part in [REGION, "s3", "aws4_request"] {
+        key = hmac(&key, part.as_bytes());
+    }
+    let sig = hex::encode(hmac(&key, policy.as_bytes()));
+    [("x-amz-algorithm", "AWS4-HMAC-SHA256".to_string()), ("x-amz-credential", cred), ("x-amz-date", amz_date), ("policy", policy), ("x-amz-signature", sig)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+}
+
+/// Fields in order, then the file part.
+fn form(fields: &[(String, String)], file_name: &str, content: &[u8]) -> (String, Vec<u8>) {
+    let boundary = "----aquifer-post-test-7d1e";
+    let mut body = Vec::new();
+    for (k, v) in fields {
+        body.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{k}\"\r\n\r\n{v}\r\n").as_bytes());
+    }
+    body.extend_from_slice(
+        format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{file_name}\"\r\nContent-Type: text/plain\r\n\r\n").as_bytes(),
+    );
+    body.extend_from_slice(content);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+fn fields(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// Posts the form to `bucket` without following redirects; returns (status, headers, body).
+async fn post(s: &Server, bucket: &str, fields: &[(String, String)], file_name: &str, content: &[u8]) -> (u16, reqwest::header::HeaderMap, String) {
+    let (ct, body) = form(fields, file_name, content);
+    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let res = client.post(format!("{}/{bucket}", s.endpoint())).header("content-type", ct).body(body).send().await.expect("send");
+    let status = res.status().as_u16();
+    let headers = res.headers().clone();
+    (status, headers, res.text().await.expect("body"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_form_uploads_with_its_acl_tags_and_filename() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/forms", &[], vec![]).await.0, 200);
+
+    // `${filename}` in the key is the browser's name of the file, also for the policy.
+    let mut f = fields(&[("key", "up/${filename}"), ("Content-Type", "text/plain")]);
+    f.extend(signed(&s, FUTURE, vec![json!({"bucket": "forms"}), json!(["starts-with", "$key", "up/"]), json!(["starts-with", "$Content-Type", "text/"])]));
+    let (st, h, body) = post(&s, "forms", &f, "photo.txt", b"from a browser").await;
+    assert_eq!(st, 204, "{body}");
+    let (st, got) = s.call("GET", "/forms/up/photo.txt", &[], vec![]).await;
+    assert_eq!((st, got.as_str()), (200, "from a browser"));
+    let etag = h.get("etag").expect("ETag header").to_str().unwrap().to_string();
+    assert!(etag.starts_with('"') && etag.ends_with('"') && etag.len() == 34, "{etag}");
+
+    // `acl` and `tagging` (an XML Tagging document) are S3's form fields for the canned ACL
+    // and the tags.
+    let tagging = "<Tagging><TagSet><Tag><Key>0</Key><Value>zero</Value></Tag><Tag><Key>1</Key><Value>one</Value></Tag></TagSet></Tagging>";
+    let mut f = fields(&[("key", "tagged.txt"), ("acl", "public-read"), ("tagging", tagging)]);
+    f.extend(signed(&s, FUTURE, vec![json!(["eq", "$key", "tagged.txt"]), json!({"acl": "public-read"}), json!(["starts-with", "$tagging", ""])]));
+    let (st, _, body) = post(&s, "forms", &f, "x.txt", b"tagged").await;
+    assert_eq!(st, 204, "{body}");
+    let (st, body) = s.call("GET", "/forms/tagged.txt", &[("tagging", "")], vec![]).await;
+    assert_eq!(st, 200, "{body}");
+    assert!(body.contains("<Key>0</Key><Value>zero</Value>") && body.contains("<Key>1</Key><Value>one</Value>"), "{body}");
+    let anon = s.http.get(format!("{}/forms/tagged.txt", s.endpoint())).send().await.unwrap();
+    assert_eq!(anon.status().as_u16(), 200, "the form's acl public-read lets anyone read the object");
+    // Without an acl field the object stays private (the bucket is).
+    let anon = s.http.get(format!("{}/forms/up/photo.txt", s.endpoint())).send().await.unwrap();
+    assert_eq!(anon.status().as_u16(), 403);
+
+    // success_action_redirect: 303 to the URL with bucket, key and the quoted ETag.
+    let mut f = fields(&[("key", "redirected.txt"), ("success_action_redirect", "http://example.invalid/done")]);
+    f.extend(signed(&s, FUTURE, vec![json!({"key": "redirected.txt"}), json!(["eq", "$success_action_redirect", "http://example.invalid/done"])]));
+    let (st, h, body) = post(&s, "forms", &f, "x.txt", b"bar").await;
+    assert_eq!(st, 303, "{body}");
+    let location = h.get("location").expect("Location").to_str().unwrap();
+    // MD5 of "bar".
+    assert_eq!(location, "http://example.invalid/done?bucket=forms&key=redirected.txt&etag=%2237b51d194a7513e45b56f6524f2d51f2%22");
+
+    // success_action_status 201: the PostResponse document, its ETag quoted as S3's.
+    let mut f = fields(&[("key", "created.txt"), ("success_action_status", "201")]);
+    f.extend(signed(&s, FUTURE, vec![json!({"key": "created.txt"}), json!({"success_action_status": "201"})]));
+    let (st, _, body) = post(&s, "forms", &f, "x.txt", b"bar").await;
+    assert_eq!(st, 201, "{body}");
+    let text = body.replace("&quot;", "\"");
+    assert!(text.contains("<Key>created.txt</Key>") && text.contains("<ETag>\"37b51d194a7513e45b56f6524f2d51f2\"</ETag>"), "{body}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_form_its_policy_refuses_changes_nothing() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/forms", &[], vec![]).await.0, 200);
+    let before = s.used_bytes().await;
+    let base = || vec![json!({"bucket": "forms"}), json!(["starts-with", "$key", "foo"])];
+
+    // Each case: the form's own fields, extra conditions, the expiration, the status and the
+    // code S3 answers.
+    let cases: Vec<(&str, Vec<(&str, &str)>, Vec<Value>, &str, u16, &str)> = vec![
+        ("a key outside the policy's prefix", vec![("key", "bar.txt")], vec![], FUTURE, 403, "AccessDenied"),
+        ("an eq condition the field fails", vec![("key", "foo.txt"), ("x-amz-meta-foo", "barclamp")], vec![json!(["eq", "$x-amz-meta-foo", ""])], FUTURE, 403, "AccessDenied"),
+        ("a field the policy names is missing", vec![("key", "foo.txt")], vec![json!(["starts-with", "$x-amz-meta-foo", "bar"])], FUTURE, 403, "AccessDenied"),
+        ("a field the policy does not name", vec![("key", "foo.txt"), ("x-amz-meta-extra", "1")], vec![], FUTURE, 403, "AccessDenied"),
+        ("an expired policy", vec![("key", "foo.txt")], vec![], "2001-01-01T00:00:00Z", 403, "AccessDenied"),
+        ("an expiration that is not ISO 8601 UTC", vec![("key", "foo.txt")], vec![], "2099-01-01 00:00:00.123456+00:00", 400, "InvalidPolicyDocument"),
+        ("an expiration with an offset", vec![("key", "foo.txt")], vec![], "2099-01-01T00:00:00+00:00", 400, "InvalidPolicyDocument"),
+        ("a file larger than the policy's range", vec![("key", "foo.txt")], vec![json!(["content-length-range", 0, 2])], FUTURE, 400, "EntityTooLarge"),
+    ];
+    for (what, own, extra, expiration, status, code) in cases {
+        let mut f = fields(&own);
+        let mut conds = base();
+        conds.extend(extra);
+        f.extend(signed(&s, expiration, conds));
+        let (st, _, body) = post(&s, "forms", &f, "foo.txt", b"content").await;
+        assert_eq!((st, error_code(&body)), (status, code), "{what}: {body}");
+    }
+
+    // A policy without its signature, and a signature that does not match.
+    let mut f = fields(&[("key", "foo.txt")]);
+    f.extend(signed(&s, FUTURE, base()).into_iter().filter(|(k, _)| k != "x-amz-signature"));
+    let (st, _, body) = post(&s, "forms", &f, "foo.txt", b"content").await;
+    assert_eq!(st, 400, "{body}");
+    let mut f = fields(&[("key", "foo.txt")]);
+    f.extend(signed(&s, FUTURE, base()).into_iter().map(|(k, v)| if k == "x-amz-signature" { (k, "0".repeat(64)) } else { (k, v) }));
+    let (st, _, body) = post(&s, "forms", &f, "foo.txt", b"content").await;
+    assert_eq!((st, error_code(&body)), (403, "SignatureDoesNotMatch"), "{body}");
+
+    // Fields before the file are bounded.
+    let big = "x".repeat(aquifer_s3::FORM_FIELDS_BYTES_MAX + 1);
+    let mut f = fields(&[("key", "foo.txt"), ("x-ignore-padding", &big)]);
+    f.extend(signed(&s, FUTURE, base()));
+    let (st, _, body) = post(&s, "forms", &f, "foo.txt", b"content").await;
+    assert_eq!((st, error_code(&body)), (400, "MaxPostPreDataLengthExceededError"), "{body}");
+
+    for key in ["foo.txt", "bar.txt"] {
+        assert_eq!(s.call("GET", &format!("/forms/{key}"), &[], vec![]).await.0, 404, "{key} was not stored");
+    }
+    let (_, listing) = s.call("GET", "/forms", &[("list-type", "2")], vec![]).await;
+    assert!(listing.contains("<KeyCount>0</KeyCount>"), "{listing}");
+    assert_eq!(s.used_bytes().await, before, "refused uploads leave no space used");
+
+    // The same form with a key the policy admits is stored.
+    let mut f = fields(&[("key", "foo.txt")]);
+    f.extend(signed(&s, FUTURE, base()));
+    let (st, _, body) = post(&s, "forms", &f, "foo.txt", b"content").await;
+    assert_eq!(st, 204, "{body}");
+    assert_eq!(s.call("GET", "/forms/foo.txt", &[], vec![]).await, (200, "content".to_string()));
+    s.stop().await;
+}
