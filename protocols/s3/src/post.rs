@@ -6,10 +6,12 @@
 //! condition answers `400 InvalidPolicyDocument` (S3: `403 AccessDenied`), any RFC 3339 date
 //! passes as the expiration (S3 wants ISO 8601 `2007-12-01T12:00:00.000Z`), and `key`
 //! containing `${filename}` is checked and stored as written. [`prepare`] reads the fields
-//! before the file (at most [`FORM_FIELDS_BYTES_MAX`]), checks them as S3 does, then hands
-//! s3s the same form with `${filename}` replaced, which s3s then finds valid. The fields go
-//! with the request as a [`PostForm`] extension, for what s3s reads under other names (the
-//! canned ACL is `acl` in a form, the tags `tagging`, an XML `Tagging` document).
+//! before the file (at most [`FORM_FIELDS_BYTES_MAX`]) and checks them as S3 does, then hands
+//! s3s the same form with `${filename}` replaced. s3s verifies the signature; a form S3
+//! refuses is then answered by the [`RefusedForm`] route (s3s matches routes after the
+//! signature, before its own policy checks), and a form S3 admits passes s3s's checks too.
+//! The fields go with the request as a [`PostForm`] extension, for what s3s reads under other
+//! names (the canned ACL is `acl` in a form, the tags `tagging`, an XML `Tagging` document).
 //!
 //! The file itself is left to s3s, which gathers it in memory up to
 //! [`POST_OBJECT_BYTES_MAX`] (the service's `post_object_max_file_size`) before PutObject's
@@ -41,6 +43,53 @@ impl PostForm {
     pub(crate) fn get(&self, name: &str) -> Option<&str> {
         self.fields.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
     }
+}
+
+/// S3's refusal of a form (code, message), answered by [`RefusedForm`] once s3s has checked
+/// the form's signature.
+#[derive(Debug, Clone)]
+pub(crate) struct PostRefusal(S3ErrorCode, String);
+
+/// An s3s route (s3s matches routes after checking signatures, before its own policy checks)
+/// for forms [`prepare`] found S3 refuses.
+pub(crate) struct RefusedForm;
+
+#[async_trait::async_trait]
+impl s3s::route::S3Route for RefusedForm {
+    fn is_match(&self, _: &http::Method, _: &http::Uri, _: &http::HeaderMap, extensions: &mut http::Extensions) -> bool {
+        extensions.get::<PostRefusal>().is_some()
+    }
+
+    async fn check_access(&self, _: &mut s3s::S3Request<s3s::Body>) -> s3s::S3Result<()> {
+        Ok(())
+    }
+
+    /// Answers the refusal as an S3 error document (returning it as an error would have s3s
+    /// log every refused form at error level).
+    async fn call(&self, req: s3s::S3Request<s3s::Body>) -> s3s::S3Result<s3s::S3Response<s3s::Body>> {
+        let Some(PostRefusal(code, msg)) = req.extensions.get::<PostRefusal>() else {
+            return Err(refuse(S3ErrorCode::InternalError, "a refused POST form without its refusal"));
+        };
+        let (status, headers, body) = error_parts(code, msg);
+        let mut resp = s3s::S3Response::new(body);
+        resp.status = Some(status);
+        resp.headers = headers;
+        Ok(resp)
+    }
+}
+
+/// An S3 error answer (status, headers, XML body) as s3s writes them.
+pub(crate) fn error_parts(code: &S3ErrorCode, msg: &str) -> (http::StatusCode, http::HeaderMap, s3s::Body) {
+    let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;");
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{}</Code><Message>{}</Message></Error>",
+        esc(code.as_str()),
+        esc(msg)
+    );
+    let mut headers = http::HeaderMap::new();
+    headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/xml"));
+    headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(body.len()));
+    (code.status_code().unwrap_or(http::StatusCode::BAD_REQUEST), headers, s3s::Body::from(body))
 }
 
 /// The bucket of a POST to a bucket with a `multipart/form-data` body (a browser upload),
@@ -76,7 +125,8 @@ fn refuse(code: S3ErrorCode, msg: impl Into<String>) -> S3Error {
 }
 
 /// Reads and checks the form's fields; answers the request to hand s3s (the same form, with
-/// `${filename}` replaced in `key`, and a [`PostForm`] extension) or the S3 error to answer.
+/// `${filename}` replaced in `key`, a [`PostForm`] extension and, for a form S3 refuses, a
+/// [`PostRefusal`]) or the S3 error to answer for a form that cannot be read.
 pub(crate) async fn prepare(req: http::Request<Incoming>, bucket: &str) -> Result<http::Request<s3s::Body>, S3Error> {
     let boundary = boundary_of(req.headers())?;
     let (mut parts, mut body) = req.into_parts();
@@ -107,7 +157,12 @@ pub(crate) async fn prepare(req: http::Request<Incoming>, bucket: &str) -> Resul
             None => return Err(refuse(S3ErrorCode::MalformedPOSTRequest, "the body of the POST request is not a complete multipart/form-data form with a file field")),
         }
     };
-    let fields = check_form(&form, bucket, time::OffsetDateTime::now_utc())?;
+    // A form S3 refuses still goes to s3s, which verifies its signature first: a forged form
+    // is answered SignatureDoesNotMatch as in S3, and [`RefusedForm`] answers the refusal.
+    let (fields, refusal) = match check_form(&form, bucket, time::OffsetDateTime::now_utc()) {
+        Ok(fields) => (fields, None),
+        Err((fields, e)) => (fields, Some(PostRefusal(e.code().clone(), e.message().unwrap_or_default().to_string()))),
+    };
 
     // The same form, fields first (`key` as checked), then the file part as sent.
     let mut prefix = Vec::with_capacity(form.data_start + 256);
@@ -126,6 +181,9 @@ pub(crate) async fn prepare(req: http::Request<Incoming>, bucket: &str) -> Resul
         parts.headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
     }
     parts.extensions.insert(fields);
+    if let Some(refusal) = refusal {
+        parts.extensions.insert(refusal);
+    }
     let replay = Replay { first: Some(Bytes::from(prefix)), rest: body };
     Ok(http::Request::from_parts(parts, s3s::Body::http_body_unsync(replay)))
 }
@@ -260,25 +318,35 @@ fn exempt_from_policy(name: &str) -> bool {
 
 /// S3's checks of a form before its file: one of each field, a key, a signature wherever a
 /// policy is given, and the policy (format, expiration, every condition but the length).
-/// Answers the fields with lower-case names and `${filename}` replaced in `key`.
-fn check_form(form: &Form, bucket: &str, now: time::OffsetDateTime) -> Result<PostForm, S3Error> {
+/// Answers the fields with lower-case names and `${filename}` replaced in `key`, and with
+/// them the refusal where there is one.
+fn check_form(form: &Form, bucket: &str, now: time::OffsetDateTime) -> Result<PostForm, (PostForm, S3Error)> {
     let mut fields: Vec<(String, String)> = form.fields.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.clone())).collect();
-    for (i, (n, _)) in fields.iter().enumerate() {
-        if fields[..i].iter().any(|(m, _)| m == n) {
-            return Err(refuse(S3ErrorCode::InvalidArgument, format!("the POST form gives field '{n}' more than once")));
-        }
-    }
-    let Some(key) = fields.iter_mut().find(|(n, _)| n == "key") else {
-        return Err(refuse(S3ErrorCode::InvalidArgument, "Bucket POST must contain a field named 'key'."));
-    };
     // The browser's name of the file, where the key asks for it.
-    if key.1.contains("${filename}") {
+    if let Some(key) = fields.iter_mut().find(|(n, _)| n == "key")
+        && key.1.contains("${filename}")
+    {
         key.1 = key.1.replace("${filename}", form.file_name.as_deref().unwrap_or(""));
     }
     let form = PostForm { fields };
+    match check_fields(&form, bucket, now) {
+        Ok(()) => Ok(form),
+        Err(e) => Err((form, e)),
+    }
+}
+
+fn check_fields(form: &PostForm, bucket: &str, now: time::OffsetDateTime) -> Result<(), S3Error> {
+    for (i, (n, _)) in form.fields.iter().enumerate() {
+        if form.fields[..i].iter().any(|(m, _)| m == n) {
+            return Err(refuse(S3ErrorCode::InvalidArgument, format!("the POST form gives field '{n}' more than once")));
+        }
+    }
+    if form.get("key").is_none() {
+        return Err(refuse(S3ErrorCode::InvalidArgument, "Bucket POST must contain a field named 'key'."));
+    }
     let signed = form.get("signature").is_some() || form.get("x-amz-signature").is_some();
     let Some(policy_b64) = form.get("policy") else {
-        return Ok(form);
+        return Ok(());
     };
     if !signed {
         let which = if form.get("x-amz-credential").is_some() { "X-Amz-Signature" } else { "Signature" };
@@ -299,10 +367,10 @@ fn check_form(form: &Form, bucket: &str, now: time::OffsetDateTime) -> Result<Po
     for c in &policy.conditions {
         let (ok, text) = match c {
             PostPolicyCondition::Eq { field, value } => {
-                (value_of(&form, field, bucket) == value.as_str(), format!("[\"eq\", \"${field}\", \"{value}\"]"))
+                (value_of(form, field, bucket) == value.as_str(), format!("[\"eq\", \"${field}\", \"{value}\"]"))
             }
             PostPolicyCondition::StartsWith { field, prefix } => (
-                value_of(&form, field, bucket).starts_with(prefix.as_str()),
+                value_of(form, field, bucket).starts_with(prefix.as_str()),
                 format!("[\"starts-with\", \"${field}\", \"{prefix}\"]"),
             ),
             // Checked against the file once it has arrived (s3s: EntityTooSmall/-Large).
@@ -321,7 +389,7 @@ fn check_form(form: &Form, bucket: &str, now: time::OffsetDateTime) -> Result<Po
             return Err(refuse(S3ErrorCode::AccessDenied, format!("Invalid according to Policy: Extra input fields: {name}")));
         }
     }
-    Ok(form)
+    Ok(())
 }
 
 /// A condition's field as the form gives it; the bucket is the one addressed. A field the
@@ -447,7 +515,7 @@ mod tests {
         assert_eq!(f.fields, vec![("key".to_string(), "a/${filename}".to_string())]);
         assert_eq!(f.file_name.as_deref(), Some("f; x.txt"));
         assert_eq!(&body[f.data_start..], b"hello");
-        let checked = check_form(&f, "b", time::OffsetDateTime::now_utc()).unwrap();
+        let checked = check_form(&f, "b", time::OffsetDateTime::now_utc()).map_err(|(_, e)| e).unwrap();
         assert_eq!(checked.get("key"), Some("a/f; x.txt"));
     }
 }

@@ -75,18 +75,12 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for RequestId
     }
 }
 
-/// An S3 error answer for a request refused before s3s saw it (as s3s writes them).
+/// An S3 error answer for a request refused before s3s saw it.
 fn error_response(e: &s3s::S3Error) -> s3s::HttpResponse {
-    let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;");
-    let body = format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{}</Code><Message>{}</Message></Error>",
-        esc(e.code().as_str()),
-        esc(e.message().unwrap_or_default())
-    );
-    let mut resp = http::Response::new(s3s::Body::from(body.clone()));
-    *resp.status_mut() = e.status_code().unwrap_or(http::StatusCode::BAD_REQUEST);
-    resp.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/xml"));
-    resp.headers_mut().insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(body.len()));
+    let (status, headers, body) = crate::post::error_parts(e.code(), e.message().unwrap_or_default());
+    let mut resp = http::Response::new(body);
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
     resp
 }
 
@@ -147,6 +141,7 @@ pub async fn serve(
         let mut b = S3ServiceBuilder::new(AquiferS3::new(engine.clone()));
         b.set_auth(EngineAuth { engine: engine.clone() });
         b.set_access(PolicyAccess { engine: engine.clone() });
+        b.set_route(crate::post::RefusedForm);
         // s3s holds a POST upload's file in memory before the upload is stored.
         let mut config = s3s::config::S3Config::default();
         config.post_object_max_file_size = crate::post::POST_OBJECT_BYTES_MAX;

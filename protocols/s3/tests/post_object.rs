@@ -161,6 +161,12 @@ async fn a_form_its_policy_refuses_changes_nothing() {
     f.extend(signed(&s, FUTURE, base()).into_iter().map(|(k, v)| if k == "x-amz-signature" { (k, "0".repeat(64)) } else { (k, v) }));
     let (st, _, body) = post(&s, "forms", &f, "foo.txt", b"content").await;
     assert_eq!((st, error_code(&body)), (403, "SignatureDoesNotMatch"), "{body}");
+    // The signature is checked first: a forged form its policy would refuse too is answered
+    // as forged.
+    let mut f = fields(&[("key", "bar.txt")]);
+    f.extend(signed(&s, "2099-01-01 00:00:00+00:00", base()).into_iter().map(|(k, v)| if k == "x-amz-signature" { (k, "0".repeat(64)) } else { (k, v) }));
+    let (st, _, body) = post(&s, "forms", &f, "foo.txt", b"content").await;
+    assert_eq!((st, error_code(&body)), (403, "SignatureDoesNotMatch"), "{body}");
 
     // Fields before the file are bounded.
     let big = "x".repeat(aquifer_s3::FORM_FIELDS_BYTES_MAX + 1);
