@@ -12,6 +12,9 @@
 //!   before the listing went on.
 //! - `lock.valid-request`: malformed LOCK requests (no elements, bad flag combinations, an
 //!   unlock with FAIL_IMMEDIATELY) are STATUS_INVALID_PARAMETER and lock nothing.
+//! - `lock.replay_smb3_specification_multi`: on SMB 3.x a LOCK repeating the LockSequence
+//!   index and number of the last one that succeeded is a replay, answered with success and
+//!   not applied again; other numbers, and indexes outside 1 to 64, are applied.
 //! - `create.impersonation`: an ImpersonationLevel past SecurityDelegation is
 //!   STATUS_BAD_IMPERSONATION_LEVEL.
 //!
@@ -43,6 +46,7 @@ const LOCK: &[&str] = &[
     "range",
     "overlap",
     "truncate",
+    "replay_smb3_specification_multi",
 ];
 
 const CREATE: &[&str] = &[

@@ -1068,7 +1068,15 @@ pub(crate) struct FileRef {
     /// the open ended, or what FilePositionInformation set (Aquifer patch).
     /// It lives here, in the open's own entry, beside its oplock.
     position: AtomicU64,
+    /// Open.LockSequenceArray (MS-SMB2 3.3.1.10): for each LockSequenceIndex
+    /// 1 to 64, the LockSequenceNumber of the last LOCK that succeeded with
+    /// it, or `LOCK_SEQUENCE_INVALID` (Aquifer patch).
+    lock_sequences: Mutex<[u8; 64]>,
 }
+
+/// An entry of Open.LockSequenceArray that holds no LockSequenceNumber
+/// (those are 4 bits).
+const LOCK_SEQUENCE_INVALID: u8 = 0xFF;
 
 impl FileRef {
     /// Adds the open `req` describes of the file `info` describes, reached
@@ -1163,6 +1171,7 @@ impl FileRef {
             lease: None,
             released: false,
             position: AtomicU64::new(0),
+            lock_sequences: Mutex::new([LOCK_SEQUENCE_INVALID; 64]),
         };
         Ok((file, wait))
     }
@@ -1637,6 +1646,34 @@ impl FileRef {
         self.position.store(position, Ordering::Relaxed);
     }
 
+    /// Lock sequence verification of MS-SMB2 3.3.5.14 for a LOCK whose
+    /// LockSequence is `lock_sequence`: true when it replays the last LOCK
+    /// that succeeded with the same LockSequenceIndex and number, which is
+    /// then answered with success and not applied again. Otherwise the
+    /// index's entry is invalidated until [`Self::lock_sequence_done`]
+    /// records this request's number. Indexes outside 1 to 64 are not
+    /// tracked.
+    pub(crate) fn lock_sequence_replayed(&self, lock_sequence: u32) -> bool {
+        let Some(at) = lock_sequence_slot(lock_sequence) else {
+            return false;
+        };
+        let number = (lock_sequence & 0xF) as u8;
+        let mut slots = self.lock_sequences.lock().unwrap_or_else(PoisonError::into_inner);
+        if slots[at] == number {
+            return true;
+        }
+        slots[at] = LOCK_SEQUENCE_INVALID;
+        false
+    }
+
+    /// Records the LockSequenceNumber of a LOCK that succeeded.
+    pub(crate) fn lock_sequence_done(&self, lock_sequence: u32) {
+        if let Some(at) = lock_sequence_slot(lock_sequence) {
+            let mut slots = self.lock_sequences.lock().unwrap_or_else(PoisonError::into_inner);
+            slots[at] = (lock_sequence & 0xF) as u8;
+        }
+    }
+
     /// Fails with STATUS_FILE_LOCK_CONFLICT when a read (or a write, if
     /// `write`) of the range through this open conflicts with a byte-range
     /// lock (MS-FSA 2.1.5.3, 2.1.5.4).
@@ -1704,6 +1741,13 @@ impl FileRef {
         remove_node(&mut files, &key, &self.node);
         None
     }
+}
+
+/// The entry of Open.LockSequenceArray that LockSequenceIndex (the upper 28
+/// bits of LockSequence) names, if it is 1 to 64.
+fn lock_sequence_slot(lock_sequence: u32) -> Option<usize> {
+    let index = (lock_sequence >> 4) as usize;
+    (1..=64).contains(&index).then(|| index - 1)
 }
 
 impl Drop for FileRef {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::proto::header::Smb2Header;
-use crate::proto::messages::{LockElement, LockRequest, LockResponse};
+use crate::proto::messages::{Dialect, LockElement, LockRequest, LockResponse};
 
 use crate::conn::state::Connection;
 use crate::dispatch::HandlerResponse;
@@ -52,6 +52,23 @@ pub async fn handle(
     let Some(file) = open.file.as_ref() else {
         return HandlerResponse::err(ntstatus::STATUS_FILE_CLOSED);
     };
+    // Aquifer patch: lock sequence verification (MS-SMB2 3.3.5.14), on SMB
+    // 3.x connections, which all advertise multichannel, and on durable
+    // opens; SMB 2.1 would need resilient handles, which are not offered.
+    // A replay of the last LOCK that succeeded with the same index and
+    // number succeeds without locking again.
+    let dialect = *conn.dialect.read().await;
+    let verify_sequence = open.durable.is_some()
+        || matches!(
+            dialect,
+            Some(Dialect::Smb300 | Dialect::Smb302 | Dialect::Smb311)
+        );
+    if verify_sequence && file.lock_sequence_replayed(req.lock_sequence) {
+        drop(open);
+        let mut buf = Vec::new();
+        LockResponse::default().write_to(&mut buf).expect("encode");
+        return HandlerResponse::ok(buf);
+    }
 
     let result = if first.flags & UNLOCK != 0 {
         // MS-SMB2 3.3.5.14.1: unlocks done before a failure stay done, and
@@ -91,6 +108,9 @@ pub async fn handle(
         }
         result
     };
+    if result.is_ok() && verify_sequence {
+        file.lock_sequence_done(req.lock_sequence);
+    }
     drop(open);
 
     if let Err(status) = result {
