@@ -789,7 +789,8 @@ fn check_content_md5(content_md5: Option<&str>, md5: &[u8; 16]) -> S3Result<()> 
     Ok(())
 }
 
-fn base64_decode(s: &str) -> Option<Vec<u8>> {
+/// Base64 (standard alphabet), padding optional.
+pub(crate) fn base64_decode(s: &str) -> Option<Vec<u8>> {
     let val = |c: u8| -> Option<u32> {
         Some(match c {
             b'A'..=b'Z' => (c - b'A') as u32,
@@ -1224,6 +1225,19 @@ fn set_acl_xattr(engine: &Engine, caller: &Caller, ino: Ino, value: Option<&[u8]
     }
 }
 
+/// The ACL a new object (PutObject, CopyObject) gets from its request. The uploader owns the
+/// object in S3's terms; one a bucket ACL or policy admitted (`writer`) is written with the
+/// bucket owner's permissions, and its ACL names the uploader as owner even when the request
+/// gives none.
+fn requested_object_acl(engine: &Engine, canned: Option<&str>, headers: &GrantHeaders, writer: Option<u32>, requester: u32, bucket_uid: u32) -> S3Result<Option<Acl>> {
+    let owner = writer.unwrap_or(requester);
+    Ok(match acl::requested(engine, canned, None, headers, owner, bucket_uid)? {
+        Some(acl) => Some(acl),
+        None if writer.is_some() => Acl::canned("private", owner, bucket_uid),
+        None => None,
+    })
+}
+
 /// The mode an object with `acl` gets: others may read when everyone or every signed-in
 /// user may (the engine then admits other users and protocols too), else owner only.
 fn object_acl_mode(acl: &Acl, file_uid: u32, mode: u32) -> u32 {
@@ -1618,14 +1632,7 @@ impl S3 for AquiferS3 {
         let (e, c, k) = (engine.clone(), caller.clone(), key.clone());
         let (bucket_ino, staged, acl) = blocking(move || {
             let b = bucket_attr(&e, &c, &bucket)?;
-            // The uploader owns the object in S3's terms; one a bucket ACL admitted writes
-            // with the bucket owner's permissions, and its ACL names it as the owner.
-            let owner = writer.unwrap_or(c.uid);
-            let acl = match acl::requested(&e, canned.as_deref(), None, &headers, owner, b.uid)? {
-                Some(acl) => Some(acl),
-                None if writer.is_some() => Acl::canned("private", owner, b.uid),
-                None => None,
-            };
+            let acl = requested_object_acl(&e, canned.as_deref(), &headers, writer, c.uid, b.uid)?;
             let mode = acl.as_ref().map_or(FILE_MODE, |acl| object_acl_mode(acl, c.uid, FILE_MODE));
             check_put_conditions(&e, &c, b.ino, &k, if_match.as_ref(), if_none_match.as_ref())?;
             let (parent, name) = e.object_parent(&c, b.ino, &k, true).map_err(|e| map_err(e, Missing::Key))?;
@@ -1906,14 +1913,7 @@ impl S3 for AquiferS3 {
             let staged = Staged { engine: engine.clone(), caller: caller.clone(), ino: staged.ino, armed: true };
             let md5 = copy_data(&engine, &reader, &caller, src.ino, 0, src.size, staged.ino)?;
             let etag = hex::encode(md5);
-            // One a bucket ACL admitted is written with the bucket owner's permissions for
-            // the uploader, who owns it.
-            let owner = writer.unwrap_or(caller.uid);
-            let acl = match acl::requested(&engine, canned.as_deref(), None, &headers, owner, db.uid)? {
-                Some(acl) => Some(acl),
-                None if writer.is_some() => Acl::canned("private", owner, db.uid),
-                None => None,
-            };
+            let acl = requested_object_acl(&engine, canned.as_deref(), &headers, writer, caller.uid, db.uid)?;
             if let Some(acl) = &acl {
                 let mode = object_acl_mode(acl, caller.uid, FILE_MODE);
                 engine.setattr(&caller, staged.ino, storage_engine::SetAttr { mode: Some(mode), ..Default::default() }).map_err(|e| map_err(e, Missing::Key))?;
