@@ -61,8 +61,9 @@ grep -q "Aquifer is serving" "$work/aquifer.out" || { cat "$work/aquifer.log" >&
 # run SERVER PORT USER SUITE -> lines "result<TAB>test" in $work/SERVER.SUITE
 run() {
     local server=$1 port=$2 user=$3 suite=$4 out="$work/$1.$4"
-    timeout --kill-after=10 "$per_suite" smbtorture "//127.0.0.1/aquifer" -p "$port" -U "$user%$password" \
-        --option=torture:writetimeupdatedelay=50000 "smb2.$suite" > "$out.raw" 2>&1 || true
+    # In $work: smbtorture leaves an empty smbtortureXXXXXX directory where it runs.
+    (cd "$work" && timeout --kill-after=10 "$per_suite" smbtorture "//127.0.0.1/aquifer" -p "$port" \
+        -U "$user%$password" --option=torture:writetimeupdatedelay=50000 "smb2.$suite") > "$out.raw" 2>&1 || true
     grep -E '^(success|failure|error|skip|xfail): ' "$out.raw" | sed -E 's/^(success|failure|error|skip|xfail): ([^ ]+).*/\1\t\2/' \
         | awk -F'\t' '!seen[$2]++' > "$out" || true
     if [[ -n ${SMBTORTURE_RAW_DIR:-} ]]; then mkdir -p "$SMBTORTURE_RAW_DIR" && cp "$out.raw" "$SMBTORTURE_RAW_DIR/$server.$suite.txt"; fi

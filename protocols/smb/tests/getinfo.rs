@@ -1,7 +1,7 @@
-//! Query and set information, reads, directory listings, locks and CREATE checks end to end:
-//! Samba's `smbtorture` (apt `samba-testsuite`) runs tests of its `smb2.getinfo`, `smb2.read`,
-//! `smb2.dir`, `smb2.lock` and `smb2.create` suites against the SMB service over an engine in
-//! a temporary directory.
+//! Query and set information, reads, directory listings and CREATE checks end to end: Samba's
+//! `smbtorture` (apt `samba-testsuite`) runs tests of its `smb2.getinfo`, `smb2.read`,
+//! `smb2.dir` and `smb2.create` suites against the SMB service over an engine in a temporary
+//! directory (`smb2.lock` is in tests/lock.rs).
 //!
 //! - `getinfo.fsinfo`: every file system information class smbtorture knows is answered,
 //!   FileFsControlInformation (no quotas) and FileFsObjectIdInformation included.
@@ -10,11 +10,6 @@
 //! - `read.position`: FilePositionInformation reports where the open's last READ ended.
 //! - `dir.fixed`: a listing begun on one open leaves out the entries another open deleted
 //!   before the listing went on.
-//! - `lock.valid-request`: malformed LOCK requests (no elements, bad flag combinations, an
-//!   unlock with FAIL_IMMEDIATELY) are STATUS_INVALID_PARAMETER and lock nothing.
-//! - `lock.replay_smb3_specification_multi`: on SMB 3.x a LOCK repeating the LockSequence
-//!   index and number of the last one that succeeded is a replay, answered with success and
-//!   not applied again; other numbers, and indexes outside 1 to 64, are applied.
 //! - `create.impersonation`: an ImpersonationLevel past SecurityDelegation is
 //!   STATUS_BAD_IMPERSONATION_LEVEL.
 //!
@@ -28,26 +23,6 @@ const GETINFO: &[&str] = &["fsinfo", "qsec_buffercheck", "granted"];
 const READ: &[&str] = &["eof", "position", "dir", "access"];
 
 const DIR: &[&str] = &["find", "fixed", "many", "sorted", "file-index", "large-files"];
-
-const LOCK: &[&str] = &[
-    "valid-request",
-    "rw-shared",
-    "rw-exclusive",
-    "auto-unlock",
-    "lock",
-    "errorcode",
-    "zerobytelength",
-    "zerobyteread",
-    "unlock",
-    "multiple-unlock",
-    "stacking",
-    "contend",
-    "context",
-    "range",
-    "overlap",
-    "truncate",
-    "replay_smb3_specification_multi",
-];
 
 const CREATE: &[&str] = &[
     "impersonation",
@@ -73,11 +48,6 @@ async fn smbtorture_read_tests_pass() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smbtorture_dir_tests_pass() {
     common::assert_smbtorture_passes("smb2.dir", DIR).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn smbtorture_lock_tests_pass() {
-    common::assert_smbtorture_passes("smb2.lock", LOCK).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -76,7 +76,10 @@ pub fn smbtorture(
     suite: &str,
     tests: &[&str],
 ) -> (Vec<(String, String)>, String) {
+    // smbtorture leaves an empty `smbtortureXXXXXX` directory in its working directory.
+    let cwd = tempfile::tempdir().expect("create a working directory for smbtorture");
     let mut c = Command::new("smbtorture");
+    c.current_dir(cwd.path());
     c.arg("//127.0.0.1/aquifer")
         .arg("-p")
         .arg(addr.port().to_string())

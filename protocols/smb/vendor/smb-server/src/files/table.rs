@@ -137,6 +137,10 @@ struct FileState {
     /// lease or oplock break that completed, a lease that ended, an open
     /// that left.
     changed: tokio::sync::watch::Sender<u64>,
+    /// Counts what `changed` counts and byte-range locks released: the
+    /// changes that can let a lock request waiting for a conflicting lock
+    /// through (Aquifer patch; MS-SMB2 3.3.5.14.2).
+    locks_changed: tokio::sync::watch::Sender<u64>,
     /// How long a client has to acknowledge a break.
     ack_timeout: Duration,
 }
@@ -768,6 +772,13 @@ impl FileState {
     /// Wakes operations waiting on the file.
     fn bump(&self) {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        self.bump_locks();
+    }
+
+    /// Wakes lock requests waiting on the file, after a byte-range lock
+    /// was released.
+    fn bump_locks(&self) {
+        self.locks_changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// A wait for the next change on the file.
@@ -1109,6 +1120,7 @@ impl FileRef {
                         locks: Vec::new(),
                         leases: Vec::new(),
                         changed: tokio::sync::watch::Sender::new(0),
+                        locks_changed: tokio::sync::watch::Sender::new(0),
                         ack_timeout: table.ack_timeout(),
                     }),
                 })
@@ -1617,7 +1629,17 @@ impl FileRef {
             .or_else(|| state.locks.iter().position(|l| matches(l, false)))
             .ok_or(ntstatus::STATUS_RANGE_NOT_LOCKED)?;
         state.locks.remove(at);
+        state.bump_locks();
         Ok(())
+    }
+
+    /// A watch that sees every change after this call that can let a lock
+    /// request refused with STATUS_LOCK_NOT_GRANTED through: a byte-range
+    /// lock released, an open leaving, a lease or oplock break completing
+    /// (Aquifer patch). Taken before the attempt, it misses nothing that
+    /// happens between the attempt and the wait.
+    pub(crate) fn lock_watch(&self) -> LockWatch {
+        LockWatch(self.node.state().locks_changed.subscribe())
     }
 
     /// Releases the lock [`FileRef::lock_range`] took last with these
@@ -1631,6 +1653,7 @@ impl FileRef {
                 && l.exclusive == exclusive
         }) {
             state.locks.remove(at);
+            state.bump_locks();
         }
     }
 
@@ -1708,7 +1731,11 @@ impl FileRef {
             .iter()
             .position(|e| e.id == self.id)
             .map(|at| state.opens.remove(at));
+        let held = state.locks.len();
         state.locks.retain(|l| l.owner != self.id);
+        if state.locks.len() != held {
+            state.bump_locks();
+        }
         // MS-SMB2 3.3.4.17: a lease ends with its last open, without a
         // notification; a break in progress completes with it.
         if let Some(id) = entry.as_ref().and_then(|e| e.lease)
@@ -1740,6 +1767,19 @@ impl FileRef {
         drop(state);
         remove_node(&mut files, &key, &self.node);
         None
+    }
+}
+
+/// Changes on a file that can let a waiting lock request through; see
+/// [`FileRef::lock_watch`].
+pub(crate) struct LockWatch(tokio::sync::watch::Receiver<u64>);
+
+impl LockWatch {
+    /// Resolves at the next change since the watch was taken or last
+    /// resolved, or at once when the file left the table (the lock request
+    /// then finds its open closed).
+    pub(crate) async fn changed(&mut self) {
+        let _ = self.0.changed().await;
     }
 }
 
@@ -2039,6 +2079,40 @@ mod tests {
         assert!(a.release(false).is_none());
         b.lock_range(105, 10, true, CAP).unwrap_err();
         b.lock_range(0, 100, true, CAP).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_lock_watch_wakes_when_a_conflicting_lock_goes() {
+        let s = share();
+        let a = open(&s, "f", FILE_READ_DATA | FILE_WRITE_DATA, ALL).unwrap();
+        let b = open(&s, "f", FILE_READ_DATA | FILE_WRITE_DATA, ALL).unwrap();
+        let c = open(&s, "f", FILE_READ_DATA, ALL).unwrap();
+        a.lock_range(0, 10, true, CAP).unwrap();
+        a.lock_range(20, 10, true, CAP).unwrap();
+        let mut watch = b.lock_watch();
+        assert_eq!(
+            b.lock_range(0, 10, true, CAP),
+            Err(ntstatus::STATUS_LOCK_NOT_GRANTED)
+        );
+        let idle = tokio::time::timeout(Duration::from_millis(20), watch.changed()).await;
+        assert!(idle.is_err(), "nothing was released yet");
+        // A refused request and a lock taken release nothing.
+        c.lock_range(50, 1, false, CAP).unwrap();
+        let idle = tokio::time::timeout(Duration::from_millis(20), watch.changed()).await;
+        assert!(idle.is_err(), "a new lock released nothing");
+        // An unlock wakes the watch, even one that happened before the wait.
+        a.unlock_range(0, 10).unwrap();
+        watch.changed().await;
+        b.lock_range(0, 10, true, CAP).unwrap();
+        // So does a close, which drops the open's locks.
+        let mut watch = b.lock_watch();
+        assert_eq!(
+            b.lock_range(20, 10, true, CAP),
+            Err(ntstatus::STATUS_LOCK_NOT_GRANTED)
+        );
+        assert!(a.release(false).is_none());
+        watch.changed().await;
+        b.lock_range(20, 10, true, CAP).unwrap();
     }
 
     #[test]

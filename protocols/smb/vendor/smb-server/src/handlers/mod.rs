@@ -85,7 +85,7 @@ pub(crate) async fn dispatch_command(
         Command::Flush => flush::handle(server, conn, hdr, body).await,
         Command::Read => read::handle(server, conn, hdr, body).await,
         Command::Write => write::handle(server, conn, hdr, body).await,
-        Command::Lock => lock::handle(server, conn, hdr, body).await,
+        Command::Lock => return lock::handle(server, conn, hdr, body, retained).await,
         Command::Ioctl => ioctl::handle(server, conn, hdr, body).await,
         Command::Echo => echo::handle(server, conn, hdr, body).await,
         Command::QueryDirectory => query_directory::handle(server, conn, hdr, body).await,
