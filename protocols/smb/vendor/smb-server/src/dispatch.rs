@@ -219,6 +219,7 @@ impl Chain<'_> {
             .map(|request| chain::Request {
                 header: request.header,
                 range: request.range.start - cut..request.range.end - cut,
+                unknown_command: request.unknown_command,
             })
             .collect();
         Chain {
@@ -397,17 +398,17 @@ pub(crate) async fn dispatch_frame_unsealed(
         return None;
     }
 
-    // A chain whose first request is marked related fails as a whole
-    // (MS-SMB2 3.3.5.2.7.2).
-    let chain_failure = (requests[0].header.flags & SMB2_FLAGS_RELATED_OPERATIONS != 0)
-        .then_some(ntstatus::STATUS_INVALID_PARAMETER);
+    // A first request marked related has no session to take and fails, as
+    // do the related requests after it (see run_chain); the unrelated
+    // requests of the chain run (Aquifer patch, as Windows and Samba do;
+    // upstream failed the whole chain).
     let mut chain = Chain {
         frame,
         handled: vec![false; requests.len()],
         requests,
         next: 0,
         related: RelatedContext::default(),
-        chain_failure,
+        chain_failure: None,
         encrypted: transform.is_some(),
         continued: false,
     };
@@ -449,9 +450,31 @@ async fn run_chain(
         // Copied only when related ids are filled in (Aquifer patch: a
         // MiB-sized WRITE was copied here every time).
         let mut sub_frame: Cow<'_, [u8]> = Cow::Borrowed(received);
+        let unknown_command = request.unknown_command;
         let mut failure = chain.chain_failure;
+        if unknown_command.is_some() {
+            failure = Some(ntstatus::STATUS_INVALID_PARAMETER);
+        }
+        let related = req_hdr.flags & SMB2_FLAGS_RELATED_OPERATIONS != 0;
+        // A related request whose session, taken from the request before
+        // it, does not exist on the connection is STATUS_INVALID_PARAMETER,
+        // as Windows and Samba answer (Aquifer patch: upstream ran it and
+        // answered STATUS_USER_SESSION_DELETED): the first request of a
+        // chain marked related, and one after a request that named a
+        // session that is gone.
         if failure.is_none()
-            && req_hdr.flags & SMB2_FLAGS_RELATED_OPERATIONS != 0
+            && related
+            && needs_session(req_hdr.command)
+            && !conn
+                .sessions
+                .read()
+                .await
+                .contains_key(&chain.related.session_id())
+        {
+            failure = Some(ntstatus::STATUS_INVALID_PARAMETER);
+        }
+        if failure.is_none()
+            && related
             && let Err(f) = chain.related.apply(sub_frame.to_mut(), &mut req_hdr)
         {
             failure = Some(f.status);
@@ -479,9 +502,16 @@ async fn run_chain(
                     "related request fails without running"
                 );
                 let ctx = ReplyCtx::new(conn, &req_hdr, chain.encrypted).await;
-                let reply = ctx
+                let mut reply = ctx
                     .build(conn, HandlerResponse::err(status), ReplyForm::Sync)
                     .await;
+                // The answer names the Command the request named. Signatures
+                // are computed when the frame is joined.
+                if let Some(command) = unknown_command
+                    && let Some(field) = reply.bytes.get_mut(12..14)
+                {
+                    field.copy_from_slice(&command.to_le_bytes());
+                }
                 push_reply(conn, replies, reply, &req_hdr, remaining, chain.encrypted).await;
             }
             None => {
@@ -1279,8 +1309,18 @@ async fn build_response_bytes(
     // and a zero signature, as Windows and Samba answer: there is no key to
     // sign with, and clients that signed the request (Samba's among them)
     // refuse an answer without the flag as STATUS_ACCESS_DENIED before
-    // looking at its status.
-    let session_gone = request_was_signed && handler_resp.status == ntstatus::STATUS_USER_SESSION_DELETED;
+    // looking at its status. The same goes for the other failures that
+    // can come before a session is found, which such clients accept
+    // unsigned (STATUS_INVALID_PARAMETER, for a related request whose
+    // session is gone; STATUS_FILE_CLOSED; STATUS_NETWORK_NAME_DELETED).
+    let session_gone = request_was_signed
+        && match handler_resp.status {
+            ntstatus::STATUS_USER_SESSION_DELETED => true,
+            ntstatus::STATUS_INVALID_PARAMETER
+            | ntstatus::STATUS_FILE_CLOSED
+            | ntstatus::STATUS_NETWORK_NAME_DELETED => !handler_resp.skip_signing,
+            _ => false,
+        };
     if should_sign || session_gone {
         hdr.flags |= SMB2_FLAGS_SIGNED;
     } else {
@@ -1460,11 +1500,22 @@ mod tests {
     /// Signed requests chained into one compound frame; every request after
     /// the first is related.
     fn signed_compound(requests: &[(Command, Vec<u8>)]) -> Vec<u8> {
+        let requests: Vec<_> = requests
+            .iter()
+            .enumerate()
+            .map(|(index, (command, body))| (*command, body.clone(), index > 0, 1))
+            .collect();
+        signed_chain(&requests)
+    }
+
+    /// Signed requests chained into one compound frame: each a command, its
+    /// body, whether it is marked related and the SessionId in its header.
+    fn signed_chain(requests: &[(Command, Vec<u8>, bool, u64)]) -> Vec<u8> {
         let mut frame = Vec::new();
-        for (index, (command, body)) in requests.iter().enumerate() {
+        for (index, (command, body, related, session_id)) in requests.iter().enumerate() {
             let last = index + 1 == requests.len();
             let mut flags = SMB2_FLAGS_SIGNED;
-            if index > 0 {
+            if *related {
                 flags |= SMB2_FLAGS_RELATED_OPERATIONS;
             }
             let hdr = Smb2Header {
@@ -1474,7 +1525,7 @@ mod tests {
                 flags,
                 message_id: index as u64 + 10,
                 tail: HeaderTail::sync(1),
-                session_id: 1,
+                session_id: *session_id,
                 ..Default::default()
             };
             let mut msg = Vec::new();
@@ -1589,6 +1640,93 @@ mod tests {
                 "response {index} signature"
             );
         }
+    }
+
+    fn close_body() -> Vec<u8> {
+        let mut close = Vec::new();
+        CloseRequest {
+            structure_size: 24,
+            flags: 0,
+            reserved: 0,
+            file_id: RELATED_FILE_ID,
+        }
+        .write_to(&mut close)
+        .expect("close");
+        close
+    }
+
+    #[tokio::test]
+    async fn related_requests_without_a_session_fail_and_unrelated_ones_run() {
+        let (state, conn) = signed_session().await;
+        // A first request marked related has no session to take, nor has
+        // the related request after it; the unrelated one after them runs.
+        let frame = signed_chain(&[
+            (Command::Close, close_body(), true, 1),
+            (Command::Close, close_body(), true, 1),
+            (Command::Close, close_body(), false, 1),
+        ]);
+        let out = dispatch_frame(&state, &conn, &frame)
+            .await
+            .expect("response")
+            .bytes;
+        let statuses: Vec<u32> = split_responses(&out).iter().map(|r| r.0).collect();
+        assert_eq!(
+            statuses,
+            [
+                ntstatus::STATUS_INVALID_PARAMETER,
+                ntstatus::STATUS_INVALID_PARAMETER,
+                ntstatus::STATUS_FILE_CLOSED,
+            ]
+        );
+
+        // A related request after one on a session that does not exist:
+        // STATUS_INVALID_PARAMETER, flagged signed with a zero signature, as
+        // there is no key to sign it with.
+        let (state, conn) = signed_session().await;
+        let frame = signed_chain(&[
+            (Command::Close, close_body(), false, 1),
+            (Command::Close, close_body(), false, u64::MAX),
+            (Command::Close, close_body(), true, u64::MAX),
+        ]);
+        let out = dispatch_frame(&state, &conn, &frame)
+            .await
+            .expect("response")
+            .bytes;
+        let responses = split_responses(&out);
+        let statuses: Vec<u32> = responses.iter().map(|r| r.0).collect();
+        assert_eq!(
+            statuses,
+            [
+                ntstatus::STATUS_FILE_CLOSED,
+                ntstatus::STATUS_USER_SESSION_DELETED,
+                ntstatus::STATUS_INVALID_PARAMETER,
+            ]
+        );
+        let last = responses[2].1;
+        assert_ne!(read_u32(last, 0x10) & SMB2_FLAGS_SIGNED, 0);
+        assert_eq!(last[48..64], [0; 16]);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_command_is_answered_with_its_command() {
+        let (state, conn) = signed_session().await;
+        let mut frame = signed_chain(&[
+            (Command::Close, close_body(), false, 1),
+            (Command::Echo, vec![4, 0, 0, 0], true, 1),
+        ]);
+        // The second request's Command becomes 0xFF; its signature no
+        // longer matches, which does not matter as it never runs.
+        let second = read_u32(&frame, 0x14) as usize;
+        frame[second + 12..second + 14].copy_from_slice(&0x00FFu16.to_le_bytes());
+        let out = dispatch_frame(&state, &conn, &frame)
+            .await
+            .expect("response, not a closed connection")
+            .bytes;
+        let responses = split_responses(&out);
+        assert_eq!(responses[0].0, ntstatus::STATUS_FILE_CLOSED);
+        assert_eq!(responses[1].0, ntstatus::STATUS_INVALID_PARAMETER);
+        assert_eq!(responses[1].1[12..14], 0x00FFu16.to_le_bytes());
+        assert!(!conn.is_closing());
     }
 
     #[tokio::test]

@@ -11,7 +11,15 @@ pub struct Request {
     pub header: Smb2Header,
     /// The request's bytes in the frame, up to the next request.
     pub range: Range<usize>,
+    /// The Command of a request whose Command is none MS-SMB2 defines. Its
+    /// `header` then holds ECHO in its place; the request does not run and
+    /// is answered STATUS_INVALID_PARAMETER with this Command (Aquifer
+    /// patch, as Windows and Samba answer; upstream closed the connection).
+    pub unknown_command: Option<u16>,
 }
+
+/// Highest Command value MS-SMB2 2.2.1 defines (OPLOCK_BREAK).
+const LAST_COMMAND: u16 = 0x0012;
 
 /// Splits a frame into its requests. Fails when any request has an unusable
 /// header or NextCommand, is larger than its command allows, or does not
@@ -30,7 +38,18 @@ pub fn split(frame: &[u8], dialect: Option<Dialect>) -> Result<Vec<Request>, Str
                 rest.len()
             ));
         }
-        let (header, _) = Smb2Header::parse(rest).map_err(|e| e.to_string())?;
+        let negotiated = matches!(dialect, Some(d) if d != Dialect::Smb2Wildcard);
+        let opcode = u16::from_le_bytes([rest[12], rest[13]]);
+        let unknown_command = (negotiated && opcode > LAST_COMMAND).then_some(opcode);
+        let header = match unknown_command {
+            None => Smb2Header::parse(rest).map_err(|e| e.to_string())?.0,
+            Some(_) => {
+                let mut known = [0; SMB2_HEADER_LEN];
+                known.copy_from_slice(&rest[..SMB2_HEADER_LEN]);
+                known[12..14].copy_from_slice(&Command::Echo.as_u16().to_le_bytes());
+                Smb2Header::parse(&known).map_err(|e| e.to_string())?.0
+            }
+        };
         let next = header.next_command as usize;
         let len = match next {
             0 => rest.len(),
@@ -40,13 +59,13 @@ pub fn split(frame: &[u8], dialect: Option<Dialect>) -> Result<Vec<Request>, Str
         if len > MAX_SMALL_REQUEST && !is_bulk(header.command) && supports_multi_credit(dialect) {
             return Err(format!("{:?} request of {len} bytes", header.command));
         }
-        let negotiated = matches!(dialect, Some(d) if d != Dialect::Smb2Wildcard);
         if (header.command == Command::Negotiate) == negotiated {
             return Err(format!("{:?} with dialect {dialect:?}", header.command));
         }
         requests.push(Request {
             header,
             range: offset..offset + len,
+            unknown_command,
         });
         if next == 0 {
             return Ok(requests);
@@ -181,10 +200,6 @@ mod tests {
         assert!(split(&echo, NEGOTIATED).is_ok());
         assert!(split(&echo[..63], NEGOTIATED).is_err());
 
-        let mut unknown = echo.clone();
-        unknown[12] = 0x13;
-        assert!(split(&unknown, NEGOTIATED).is_err());
-
         let mut transform = echo.clone();
         transform[0] = 0xFD;
         assert!(split(&transform, NEGOTIATED).is_err());
@@ -198,6 +213,22 @@ mod tests {
         let mut tail = request(Command::Echo, 72, &[4, 0, 0, 0, 0, 0, 0, 0]);
         tail.extend_from_slice(&echo[..40]);
         assert!(split(&tail, NEGOTIATED).is_err());
+    }
+
+    #[test]
+    fn an_unknown_command_is_kept_for_an_error_once_negotiated() {
+        let mut frame = request(Command::Read, 72, &[0; 8]);
+        let mut unknown = request(Command::Echo, 0, &[4, 0, 0, 0]);
+        unknown[12..14].copy_from_slice(&0x00FFu16.to_le_bytes());
+        frame.extend_from_slice(&unknown);
+        let requests = split(&frame, NEGOTIATED).expect("split");
+        assert_eq!(requests[0].unknown_command, None);
+        assert_eq!(requests[1].unknown_command, Some(0x00FF));
+        assert_eq!(requests[1].header.command, Command::Echo);
+        assert_eq!(requests[1].range, 72..140);
+        // Before a dialect is negotiated it closes the connection.
+        assert!(split(&unknown, None).is_err());
+        assert!(split(&unknown, Some(Dialect::Smb2Wildcard)).is_err());
     }
 
     #[test]

@@ -83,6 +83,12 @@ impl RelatedContext {
         Ok(())
     }
 
+    /// The SessionId a related request takes: the previous request's, or
+    /// 0 (no session) when the chain's first request is marked related.
+    pub fn session_id(&self) -> u64 {
+        self.session_id
+    }
+
     /// Records the ids `request` used and the ones its `response` created.
     pub fn update(&mut self, command: Command, request: &[u8], response: &[u8]) {
         let status = read_u32(response, 0x08);

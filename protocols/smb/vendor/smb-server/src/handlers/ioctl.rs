@@ -1,6 +1,7 @@
 //! IOCTL handler (MS-SMB2 3.3.5.15): FSCTL_VALIDATE_NEGOTIATE_INFO,
-//! FSCTL_SRV_ENUMERATE_SNAPSHOTS with no snapshots, STATUS_FS_DRIVER_REQUIRED
-//! for DFS referrals and STATUS_NOT_SUPPORTED for the rest.
+//! FSCTL_SRV_ENUMERATE_SNAPSHOTS with no snapshots,
+//! FSCTL_CREATE_OR_GET_OBJECT_ID, STATUS_FS_DRIVER_REQUIRED for DFS referrals
+//! and STATUS_NOT_SUPPORTED for the rest.
 
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use tracing::warn;
 use crate::conn::state::Connection;
 use crate::dispatch::HandlerResponse;
 use crate::handlers::negotiate::{select_dialect, server_capabilities, server_security_mode};
+use crate::handlers::query_info::volume_object_id;
 use crate::handlers::shared::{lookup_open, lookup_session_tree};
 use crate::ntstatus;
 use crate::server::ServerState;
@@ -20,6 +22,9 @@ const IOCTL_FIXED_LEN: usize = 56;
 
 /// Size of a VALIDATE_NEGOTIATE_INFO response (MS-SMB2 2.2.32.6).
 const VALIDATE_NEGOTIATE_RESPONSE_LEN: u32 = 24;
+
+/// Size of a FILE_OBJECTID_BUFFER (MS-FSCC 2.1.3).
+const OBJECT_ID_BUFFER_LEN: usize = 64;
 
 /// Offset of the response Buffer from the start of the SMB2 header.
 const RESPONSE_BUFFER_OFFSET: u32 = 0x70;
@@ -80,11 +85,54 @@ pub async fn handle(
             // NumberOfSnapShotsReturned and SnapShotArraySize all 0.
             response(req.ctl_code, file_id, vec![0u8; 12])
         }
+        Fsctl::CreateOrGetObjectId => {
+            // MS-FSA 2.1.5.10.1.
+            if req.max_output_response < OBJECT_ID_BUFFER_LEN as u32 {
+                return HandlerResponse::err(ntstatus::STATUS_INVALID_PARAMETER);
+            }
+            let Some(open) = open else {
+                return HandlerResponse::err(ntstatus::STATUS_FILE_CLOSED);
+            };
+            let share = Arc::clone(&tree.read().await.share);
+            let open = open.read().await;
+            let Some(handle) = open.handle.as_ref() else {
+                return HandlerResponse::err(ntstatus::STATUS_FILE_CLOSED);
+            };
+            let (info, volume) = match (handle.stat().await, share.backend.volume_info().await) {
+                (Ok(info), Ok(volume)) => (info, volume),
+                (Err(e), _) | (_, Err(e)) => return HandlerResponse::err(e.to_nt_status()),
+            };
+            let label = volume.label.as_deref().unwrap_or(&share.name);
+            let out = object_id_buffer(
+                info.file_index,
+                volume.serial_number,
+                volume_object_id(volume.serial_number, label),
+            );
+            response(req.ctl_code, open.file_id, out)
+        }
         Fsctl::DfsGetReferrals | Fsctl::DfsGetReferralsEx => {
             HandlerResponse::err(ntstatus::STATUS_FS_DRIVER_REQUIRED)
         }
         _ => HandlerResponse::err(ntstatus::STATUS_NOT_SUPPORTED),
     }
+}
+
+/// FILE_OBJECTID_BUFFER (MS-FSCC 2.1.3) for FSCTL_CREATE_OR_GET_OBJECT_ID
+/// (Aquifer patch; upstream answered STATUS_NOT_SUPPORTED). No object ids
+/// are stored: as Samba does, the file's id stands for its ObjectId and
+/// BirthObjectId (its index and the volume's serial number, stable across
+/// renames and restarts), BirthVolumeId is the volume's object id
+/// (FileFsObjectIdInformation) and DomainId is zero.
+fn object_id_buffer(file_index: u64, serial_number: u32, volume_id: [u8; 16]) -> Vec<u8> {
+    let mut object_id = [0u8; 16];
+    object_id[..8].copy_from_slice(&file_index.to_le_bytes());
+    object_id[8..12].copy_from_slice(&serial_number.to_le_bytes());
+    let mut out = Vec::with_capacity(OBJECT_ID_BUFFER_LEN);
+    out.extend_from_slice(&object_id);
+    out.extend_from_slice(&volume_id);
+    out.extend_from_slice(&object_id);
+    out.extend_from_slice(&[0u8; 16]);
+    out
 }
 
 /// Whether `fsctl` names no open: its FileId must be all 0xFF (MS-SMB2

@@ -334,7 +334,7 @@ async fn query_filesystem(open: &Open, share: &ShareBindings, class: u8, cap: us
 /// The volume's object id for FileFsObjectIdInformation: MD5 of its serial
 /// number and label, so it stays the same for a share across restarts and
 /// differs between shares (Samba derives it from the share name too).
-fn volume_object_id(serial_number: u32, label: &str) -> [u8; 16] {
+pub(super) fn volume_object_id(serial_number: u32, label: &str) -> [u8; 16] {
     use md5::{Digest, Md5};
     let mut h = Md5::new();
     h.update(serial_number.to_le_bytes());

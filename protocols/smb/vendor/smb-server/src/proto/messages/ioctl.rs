@@ -29,6 +29,8 @@ pub enum Fsctl {
     QueryNetworkInterfaceInfo,
     /// `FSCTL_SRV_ENUMERATE_SNAPSHOTS`.
     SrvEnumerateSnapshots,
+    /// `FSCTL_CREATE_OR_GET_OBJECT_ID` (Aquifer patch).
+    CreateOrGetObjectId,
     /// Anything else.
     Other(u32),
 }
@@ -43,6 +45,7 @@ impl Fsctl {
     pub const LMR_REQUEST_RESILIENCY: u32 = 0x0014_01D4;
     pub const QUERY_NETWORK_INTERFACE_INFO: u32 = 0x0014_01FC;
     pub const SRV_ENUMERATE_SNAPSHOTS: u32 = 0x0014_4064;
+    pub const CREATE_OR_GET_OBJECT_ID: u32 = 0x0009_00C0;
 
     pub fn from_u32(code: u32) -> Self {
         match code {
@@ -55,6 +58,7 @@ impl Fsctl {
             Self::LMR_REQUEST_RESILIENCY => Self::LmrRequestResiliency,
             Self::QUERY_NETWORK_INTERFACE_INFO => Self::QueryNetworkInterfaceInfo,
             Self::SRV_ENUMERATE_SNAPSHOTS => Self::SrvEnumerateSnapshots,
+            Self::CREATE_OR_GET_OBJECT_ID => Self::CreateOrGetObjectId,
             other => Self::Other(other),
         }
     }
@@ -70,6 +74,7 @@ impl Fsctl {
             Self::LmrRequestResiliency => Self::LMR_REQUEST_RESILIENCY,
             Self::QueryNetworkInterfaceInfo => Self::QUERY_NETWORK_INTERFACE_INFO,
             Self::SrvEnumerateSnapshots => Self::SRV_ENUMERATE_SNAPSHOTS,
+            Self::CreateOrGetObjectId => Self::CREATE_OR_GET_OBJECT_ID,
             Self::Other(c) => c,
         }
     }
