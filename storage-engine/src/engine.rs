@@ -1002,14 +1002,53 @@ impl Engine {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Unavailable("engine is shut down".into()));
         }
-        let (applied, freed) = {
-            let _g = self.mutate.lock();
-            let mut batch = WriteBatch::default();
-            let mut freed = Vec::new();
-            let applied = self.apply(&cmd, &mut batch, &mut freed)?;
-            self.db.write(batch)?;
-            (applied, freed)
-        };
+        let guard = self.mutate.lock();
+        let (applied, freed) = self
+            .apply_and_write(guard, &cmd, &WriteOptions::default())?
+            .ok_or_else(|| Error::Metadata("metadata write refused as incomplete".into()))?;
+        self.after_write(applied, freed, durable)
+    }
+
+    /// `execute` of a command that is not durable, for callers on an event loop: `None`, with
+    /// nothing applied, when it would wait for the mutation lock (another mutation is being
+    /// applied) or for RocksDB to accept the write (a write stall).
+    fn try_execute(&self, cmd: Command) -> Option<Result<Option<Attr>>> {
+        if self.closed.load(Ordering::Acquire) {
+            return Some(Err(Error::Unavailable("engine is shut down".into())));
+        }
+        let guard = self.mutate.try_lock()?;
+        let mut wo = WriteOptions::default();
+        wo.set_no_slowdown(true);
+        Some(match self.apply_and_write(guard, &cmd, &wo) {
+            Ok(Some((applied, freed))) => self.after_write(applied, freed, false),
+            Ok(None) => return None,
+            Err(e) => Err(e),
+        })
+    }
+
+    /// Applies `cmd` to a batch and writes it under the mutation lock `guard`. `Ok(None)`: the
+    /// write was refused because it would have waited (only with `no_slowdown` set); the
+    /// in-memory counters are as before and nothing was written.
+    fn apply_and_write(&self, guard: parking_lot::MutexGuard<'_, ()>, cmd: &Command, wo: &WriteOptions) -> Result<Option<(Applied, Vec<StripeRec>)>> {
+        let _g = guard;
+        let files_before = self.files.load(Ordering::Relaxed);
+        let mut batch = WriteBatch::default();
+        let mut freed = Vec::new();
+        let applied = self.apply(cmd, &mut batch, &mut freed)?;
+        match self.db.write_opt(batch, wo) {
+            Ok(()) => Ok(Some((applied, freed))),
+            Err(e) => {
+                // The file count moves only under the mutation lock: put it back, since the
+                // batch that stored the new count was not written.
+                self.files.store(files_before, Ordering::Relaxed);
+                if e.kind() == rocksdb::ErrorKind::Incomplete { Ok(None) } else { Err(e.into()) }
+            }
+        }
+    }
+
+    /// What follows a written batch: frees after the next log sync, the sync itself for a
+    /// durable command, change events.
+    fn after_write(&self, applied: Applied, freed: Vec<StripeRec>, durable: bool) -> Result<Option<Attr>> {
         for s in &freed {
             self.data.free_after_sync(s);
         }
@@ -1719,6 +1758,36 @@ impl Engine {
     /// unchanged (the caller truncates if it wants to).
     pub fn create(&self, caller: &Caller, parent: Ino, name: &[u8], mode: u32, exclusive: bool) -> Result<Attr> {
         self.create_node(caller, parent, name, FileKind::File, mode, vec![], exclusive)
+    }
+
+    /// `create` for callers on an event loop: metadata reads and one metadata batch written
+    /// without a log sync, as `create` does. `None`, with nothing created, when it would have
+    /// to wait: the parent is a portal mirror (the hub decides), another mutation holds the
+    /// mutation lock, or RocksDB stalls writes; the caller then uses `create` on a thread
+    /// that may block.
+    pub fn try_create(&self, caller: &Caller, parent: Ino, name: &[u8], mode: u32, exclusive: bool) -> Option<Result<Attr>> {
+        if !caller.is_portal() {
+            match self.remote_stub(parent) {
+                Ok(Some(_)) => return None,
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        let cmd = Command::Create {
+            caller: caller.clone(),
+            parent,
+            name: name.to_vec(),
+            kind: FileKind::File,
+            mode,
+            ino: self.alloc_ino(),
+            generation: rand::random(),
+            now: self.now(),
+            target: vec![],
+            rdev: 0,
+            exclusive,
+            orphan: false,
+        };
+        self.try_execute(cmd).map(|r| r.map(|a| a.expect("create returns attributes")))
     }
 
     pub fn mkdir(&self, caller: &Caller, parent: Ino, name: &[u8], mode: u32) -> Result<Attr> {

@@ -160,3 +160,82 @@ fn try_write_buffered_never_reaches_the_writers_wait() {
     e.close(&c, f.ino).unwrap();
     assert!(e.read(&c, f.ino, 0, 1 << 20).unwrap() == mid);
 }
+
+#[test]
+fn try_create_is_create_for_event_loop_callers() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let files_before = e.statfs(&c).unwrap().files;
+    let a = e.try_create(&c, ROOT_INO, b"f", 0o640, true).expect("nothing else is mutating").unwrap();
+    assert_eq!((a.kind, a.mode, a.size), (FileKind::File, 0o640, 0));
+    assert_eq!(e.lookup(&c, ROOT_INO, b"f").unwrap().ino, a.ino);
+    // `create`'s rules: an exclusive create of an existing name fails, a plain one returns it.
+    assert!(matches!(e.try_create(&c, ROOT_INO, b"f", 0o644, true).unwrap(), Err(Error::Exists)));
+    assert_eq!(e.try_create(&c, ROOT_INO, b"f", 0o644, false).unwrap().unwrap().ino, a.ino);
+    let bob = e
+        .create_user(&c, NewUser { name: "bob".into(), password: "password-123".into(), ..Default::default() })
+        .and_then(|_| e.caller_for_user("bob"))
+        .unwrap();
+    assert!(matches!(e.try_create(&bob, ROOT_INO, b"g", 0o644, true).unwrap(), Err(Error::PermissionDenied)));
+    assert!(matches!(e.try_create(&c, a.ino, b"g", 0o644, true).unwrap(), Err(Error::NotDir)));
+    assert!(matches!(e.try_create(&c, ROOT_INO, b"a/b", 0o644, true).unwrap(), Err(Error::InvalidName(_))));
+    assert_eq!(e.statfs(&c).unwrap().files, files_before + 1, "only the one file was counted");
+    // Written and committed like any file, and there after a restart.
+    e.write(&c, a.ino, 0, b"hello", Stability::Unstable).unwrap();
+    e.commit(&c, a.ino).unwrap();
+    e.shutdown().unwrap();
+    drop(e);
+    let e = open(dir.path());
+    let f = e.lookup(&c, ROOT_INO, b"f").unwrap();
+    assert_eq!(f.ino, a.ino);
+    assert_eq!(e.read(&c, f.ino, 0, 100).unwrap(), b"hello");
+    assert_eq!(e.statfs(&c).unwrap().files, files_before + 1);
+}
+
+/// Event-loop creates racing blocking mutations: a `try_create` that finds the mutation lock
+/// taken is refused with nothing changed, and the caller's fall-back `create` does it. Every
+/// file ends up created once and counted once.
+#[test]
+fn try_create_refused_under_contention_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let files_before = e.statfs(&c).unwrap().files;
+    let per_thread = 300;
+    std::thread::scope(|s| {
+        for t in 0..4usize {
+            let (e, c) = (e.clone(), c.clone());
+            s.spawn(move || {
+                for i in 0..per_thread {
+                    let name = format!("t{t}-{i}");
+                    if t % 2 == 0 {
+                        e.create(&c, ROOT_INO, name.as_bytes(), 0o644, true).unwrap();
+                        e.setattr(&c, ROOT_INO, SetAttr { mode: Some(0o755), ..Default::default() }).unwrap();
+                    } else {
+                        match e.try_create(&c, ROOT_INO, name.as_bytes(), 0o644, true) {
+                            Some(r) => {
+                                r.unwrap();
+                            }
+                            None => {
+                                e.create(&c, ROOT_INO, name.as_bytes(), 0o644, true).unwrap();
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let mut names = Vec::new();
+    let mut cursor: Option<Vec<u8>> = None;
+    loop {
+        let page = e.readdir(&c, ROOT_INO, cursor.as_deref(), 1000).unwrap();
+        names.extend(page.entries.into_iter().map(|d| d.name));
+        match page.next_cursor {
+            Some(n) => cursor = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(names.len(), 4 * per_thread);
+    assert_eq!(e.statfs(&c).unwrap().files, files_before + 4 * per_thread as u64);
+}
