@@ -117,6 +117,20 @@ pub(crate) async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(Error::Io(format!("engine task failed: {e}"))))
 }
 
+/// Runs an engine call that waits for a disk (a log or drive sync) on this worker thread,
+/// which stops being one meanwhile: the runtime hands its other tasks to another thread
+/// (`block_in_place`), so the event loop goes on. The call's own task goes on where the
+/// sync ends, without the two thread wake-ups of a trip to the blocking pool and back. On a
+/// single-threaded runtime, which cannot hand its tasks over, the call goes to the blocking
+/// pool.
+pub(crate) async fn blocking_in_place<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi { tokio::task::block_in_place(f) } else { blocking(f).await }
+}
+
 pub(crate) fn status(e: &Error) -> nfsstat3 {
     match e {
         Error::NotFound => nfsstat3::NFS3ERR_NOENT,
@@ -527,6 +541,38 @@ fn verifier_time_ns(v: &createverf3) -> i64 {
     i64::from(secs) * 1_000_000_000 + i64::from(nsecs)
 }
 
+/// CREATE on a thread that may block: the create, then the attributes asked for, or an
+/// EXCLUSIVE create's verifier.
+fn create_blocking(engine: &Engine, caller: &Caller, parent: Ino, name: &[u8], how: createhow3, guarded: bool) -> Result<Attr, Error> {
+    match how {
+        createhow3::UNCHECKED(s) | createhow3::GUARDED(s) => {
+            let mut set = setattr_of(&s);
+            let mode = set.mode.take().unwrap_or(0o644);
+            let attr = engine.create(caller, parent, name, mode, guarded)?;
+            if is_empty_set(&set) { Ok(attr) } else { engine.setattr(caller, attr.ino, set) }
+        }
+        createhow3::EXCLUSIVE(verf) => {
+            let t = verifier_time_ns(&verf);
+            match engine.create(caller, parent, name, 0o644, true) {
+                Ok(attr) => engine.setattr(
+                    caller,
+                    attr.ino,
+                    SetAttr { atime: Some(TimeSet::At(t)), mtime: Some(TimeSet::At(t)), ..Default::default() },
+                ),
+                Err(Error::Exists) => {
+                    let existing = engine.lookup(caller, parent, name)?;
+                    if existing.kind == FileKind::File && existing.mtime_ns == t && existing.atime_ns == t {
+                        Ok(existing)
+                    } else {
+                        Err(Error::Exists)
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        }
+    }
+}
+
 async fn create(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     let a = args_or_garbage!(CREATE3args, args);
     let (ctx, dir) = resolve_or!(state, call, &a.where_.dir, CREATE3resfail { dir_wcc: wcc_data::default() });
@@ -537,34 +583,20 @@ async fn create(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     let name = a.where_.name.0.to_vec();
     let guarded = matches!(a.how, createhow3::GUARDED(_));
     let (engine, caller, parent) = (ctx.engine(), ctx.caller.clone(), dir.ino);
-    let r = blocking(move || match a.how {
+    // A create that sets nothing but the mode is one metadata batch without a log sync: done
+    // here when the engine can take it without waiting, else on a blocking thread.
+    let inline = match &a.how {
         createhow3::UNCHECKED(s) | createhow3::GUARDED(s) => {
-            let mut set = setattr_of(&s);
-            let mode = set.mode.take().unwrap_or(0o644);
-            let attr = engine.create(&caller, parent, &name, mode, guarded)?;
-            if is_empty_set(&set) { Ok(attr) } else { engine.setattr(&caller, attr.ino, set) }
+            let set = setattr_of(s);
+            let only_mode = SetAttr { mode: None, ..set.clone() };
+            if is_empty_set(&only_mode) { engine.try_create(&caller, parent, &name, set.mode.unwrap_or(0o644), guarded) } else { None }
         }
-        createhow3::EXCLUSIVE(verf) => {
-            let t = verifier_time_ns(&verf);
-            match engine.create(&caller, parent, &name, 0o644, true) {
-                Ok(attr) => engine.setattr(
-                    &caller,
-                    attr.ino,
-                    SetAttr { atime: Some(TimeSet::At(t)), mtime: Some(TimeSet::At(t)), ..Default::default() },
-                ),
-                Err(Error::Exists) => {
-                    let existing = engine.lookup(&caller, parent, &name)?;
-                    if existing.kind == FileKind::File && existing.mtime_ns == t && existing.atime_ns == t {
-                        Ok(existing)
-                    } else {
-                        Err(Error::Exists)
-                    }
-                }
-                Err(e) => Err(e),
-            }
-        }
-    })
-    .await;
+        createhow3::EXCLUSIVE(_) => None,
+    };
+    let r = match inline {
+        Some(r) => r,
+        None => blocking(move || create_blocking(&engine, &caller, parent, &name, a.how, guarded)).await,
+    };
     let wcc = ctx.wcc_after(Some(&dir), dir.ino).await;
     match r {
         Ok(obj) => packed(&CREATE3res::Ok(CREATE3resok {
@@ -929,7 +961,9 @@ async fn commit(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     let a = args_or_garbage!(COMMIT3args, args);
     let (ctx, before) = resolve_or!(state, call, &a.file, COMMIT3resfail { file_wcc: wcc_data::default() });
     let (engine, caller, ino) = (ctx.engine(), ctx.caller.clone(), before.ino);
-    let r = blocking(move || engine.commit(&caller, ino)).await;
+    // `commit` returns once the file's data and metadata are synced (group commit: a log
+    // sync that started after its writes), so an answered COMMIT is on disk.
+    let r = blocking_in_place(move || engine.commit(&caller, ino)).await;
     let wcc = ctx.wcc_after(Some(&before), ino).await;
     match r {
         Ok(()) => packed(&COMMIT3res::Ok(COMMIT3resok { file_wcc: wcc, verf: state.write_verf })),

@@ -24,6 +24,9 @@ pub const INFLIGHT_REQUESTS_MAX: usize = 32;
 const REPLY_QUEUE_MAX: usize = 64;
 /// Open client connections; further connections wait in the accept queue.
 const CONNECTIONS_MAX: usize = 1024;
+/// Replies up to this size are written by the call's own task when no other reply is being
+/// written; larger ones (READ data) always go through the connection's writer.
+const DIRECT_REPLY_BYTES_MAX: usize = 64 * 1024;
 
 /// Who sent a call, as far as RPC tells.
 pub(crate) struct CallInfo {
@@ -103,14 +106,22 @@ pub(crate) async fn accept_loop(
 }
 
 async fn connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr) -> anyhow::Result<()> {
-    let (mut rd, mut wr) = stream.into_split();
+    let (mut rd, wr) = stream.into_split();
+    // Each reply is a whole record, its mark included, written under this lock. A small reply
+    // is written by its call's task when the lock is free: handing it to the writer task
+    // would cost a wake-up of another thread per call, which is most of a metadata call's
+    // time on a busy machine. The rest (and small replies that find the lock taken) are
+    // written by the writer task in turn.
+    let wr = Arc::new(tokio::sync::Mutex::new(wr));
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(REPLY_QUEUE_MAX);
-    let writer = async move {
-        // Each reply is a whole record, its mark included.
-        while let Some(reply) = rx.recv().await {
-            wr.write_all(&reply).await?;
+    let writer = {
+        let wr = wr.clone();
+        async move {
+            while let Some(reply) = rx.recv().await {
+                wr.lock().await.write_all(&reply).await?;
+            }
+            anyhow::Ok(())
         }
-        anyhow::Ok(())
     };
     let inflight = Arc::new(Semaphore::new(INFLIGHT_REQUESTS_MAX));
     let reader = async {
@@ -120,11 +131,18 @@ async fn connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr) -> a
             let Some(record) = read_record(&mut rd).await? else { break };
             let permit = inflight.clone().acquire_owned().await.expect("never closed");
             let state = state.clone();
-            let tx = tx.clone();
+            let (tx, wr) = (tx.clone(), wr.clone());
             let Some((xid, call)) = parse_call(&record)? else { continue };
             calls.spawn(async move {
                 let _permit = permit;
                 let reply = handle_call(&state, peer.ip(), xid, call, &record).await;
+                if reply.len() <= DIRECT_REPLY_BYTES_MAX {
+                    if let Ok(mut w) = wr.try_lock() {
+                        // A failed write ends the connection: the reader sees it closed.
+                        let _ = w.write_all(&reply).await;
+                        return;
+                    }
+                }
                 let _ = tx.send(reply).await;
             });
         }
