@@ -3,8 +3,9 @@
 //! Each test opens files from one or two connections with EXCLUSIVE, BATCH or LEVEL_II
 //! oplocks and checks the levels granted, the break notifications (level, FileId, count), the
 //! acknowledgments and the statuses of the conflicting CREATEs, writes, size changes and
-//! byte-range locks. The list is the tests Aquifer passes (docs/smb-conformance.md); a
-//! regression in any of them fails this test.
+//! byte-range locks; `batch19` also reads the open's name back from FileAllInformation after a
+//! rename refused with a sharing violation. The list is the tests Aquifer passes
+//! (docs/smb-conformance.md); a regression in any of them fails this test.
 
 mod common;
 
@@ -35,6 +36,7 @@ const TESTS: &[&str] = &[
     "batch14",
     "batch15",
     "batch16",
+    "batch19",
     "batch21",
     "batch23",
     "batch24",

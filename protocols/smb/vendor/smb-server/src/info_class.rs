@@ -156,13 +156,16 @@ pub fn encode_file_alignment_information() -> Vec<u8> {
 // internal, EA, access, position, mode, alignment, name.
 // ---------------------------------------------------------------------------
 
-/// The name part is empty, as MS-SMB2 3.3.5.20.1 asks of servers.
+/// `name` is the open's path from the share's root, with a leading
+/// backslash, as Windows and Samba report it (MS-FSA 2.1.5.12.1; Aquifer
+/// patch: upstream left the name empty).
 pub fn encode_file_all_information(
     info: &FileInfo,
     access_mask: u32,
     links: u32,
     delete_pending: bool,
     position: u64,
+    name: &str,
 ) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&encode_file_basic_information(info));
@@ -177,10 +180,14 @@ pub fn encode_file_all_information(
     out.extend_from_slice(&encode_file_position_information(position));
     out.extend_from_slice(&encode_file_mode_information(0));
     out.extend_from_slice(&encode_file_alignment_information());
-    out.extend_from_slice(&0u32.to_le_bytes()); // FileNameLength
+    let name = utf16le(name);
+    out.extend_from_slice(&(name.len() as u32).to_le_bytes()); // FileNameLength
+    out.extend_from_slice(&name);
     // Linux cifs checks FileAllInformation against its struct with
-    // FileName[1], so the empty name still takes one byte.
-    out.push(0);
+    // FileName[1], so an empty name still takes one byte.
+    if name.is_empty() {
+        out.push(0);
+    }
     out
 }
 
@@ -508,10 +515,18 @@ mod tests {
 
     #[test]
     fn file_all_information_empty_name_keeps_linux_minimum_size() {
-        let bytes = encode_file_all_information(&fake_info(), 0x001F_01FF, 1, false, 0);
+        let bytes = encode_file_all_information(&fake_info(), 0x001F_01FF, 1, false, 0, "");
         assert_eq!(bytes.len(), 101);
         // FileNameLength
         assert_eq!(bytes[96..100], [0; 4]);
+    }
+
+    #[test]
+    fn file_all_information_ends_with_the_name() {
+        let bytes =
+            encode_file_all_information(&fake_info(), 0x001F_01FF, 1, false, 0, "\\d\\f.txt");
+        assert_eq!(bytes[96..100], 16u32.to_le_bytes());
+        assert_eq!(bytes[100..], utf16le("\\d\\f.txt"));
     }
 
     #[test]

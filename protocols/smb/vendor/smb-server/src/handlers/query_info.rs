@@ -224,12 +224,17 @@ async fn query_file(open: &Open, class: u8, cap: usize) -> Reply {
             if class == ic::FILE_STANDARD_INFORMATION {
                 ic::encode_file_standard_information(&info, links, open.delete_pending())
             } else {
+                let name = open
+                    .path()
+                    .map(|path| format!("\\{}", path.display_backslash()))
+                    .unwrap_or_default();
                 ic::encode_file_all_information(
                     &info,
                     open.granted_access,
                     links,
                     open.delete_pending(),
                     position(open),
+                    &name,
                 )
             }
         }
