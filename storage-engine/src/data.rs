@@ -21,10 +21,72 @@ use crate::records::{CHECKSUM_BLOCK_BYTES, Placement, StripeRec};
 
 /// First byte of the allocatable area of every drive; the superblock lives in block 0.
 pub(crate) const DATA_AREA_OFFSET: u64 = 1 << 20;
-/// Largest drive read [`DataStore::read_many`] makes of shard pieces that lie back to back.
+/// Largest drive read [`DataStore::read_many_chunked`] makes of shard pieces that lie back to back.
 pub(crate) const READ_RUN_BYTES_MAX: u64 = 8 << 20;
 
-/// One piece of a [`DataStore::read_many`]: stripe data, or zeros for a hole.
+/// Bytes appended in order into buffers of `chunk` bytes each, every buffer allocated once
+/// at its final size.
+struct Chunks {
+    chunks: Vec<Vec<u8>>,
+    chunk: usize,
+    total: usize,
+    len: usize,
+}
+
+impl Chunks {
+    fn new(total: usize, chunk: usize) -> Chunks {
+        Chunks { chunks: Vec::new(), chunk, total, len: 0 }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The last buffer with room, a new one if it is full.
+    fn room(&mut self) -> &mut Vec<u8> {
+        if self.chunks.last().is_none_or(|c| c.len() == self.chunk) {
+            let cap = self.chunk.min(self.total.saturating_sub(self.len)).max(1);
+            self.chunks.push(Vec::with_capacity(cap));
+        }
+        self.chunks.last_mut().expect("just pushed")
+    }
+
+    fn extend(&mut self, mut b: &[u8]) {
+        while !b.is_empty() {
+            let chunk = self.chunk;
+            let c = self.room();
+            let n = (chunk - c.len()).min(b.len());
+            c.extend_from_slice(&b[..n]);
+            self.len += n;
+            b = &b[n..];
+        }
+    }
+
+    fn zeros(&mut self, mut n: usize) {
+        while n > 0 {
+            let chunk = self.chunk;
+            let c = self.room();
+            let k = (chunk - c.len()).min(n);
+            c.resize(c.len() + k, 0);
+            self.len += k;
+            n -= k;
+        }
+    }
+
+    fn truncate(&mut self, to: usize) {
+        while self.len > to {
+            let last = self.chunks.last_mut().expect("bytes are in chunks");
+            let drop = (self.len - to).min(last.len());
+            last.truncate(last.len() - drop);
+            self.len -= drop;
+            if last.is_empty() {
+                self.chunks.pop();
+            }
+        }
+    }
+}
+
+/// One piece of a [`DataStore::read_many_chunked`]: stripe data, or zeros for a hole.
 pub(crate) enum ReadPiece<'a> {
     Stripe { rec: &'a StripeRec, offset: u64, len: usize },
     Zeros(usize),
@@ -654,14 +716,19 @@ impl DataStore {
         Ok(out)
     }
 
-    /// Reads a run of pieces, in order, into one buffer: stripe data ranges and zeros
+    /// Reads a run of pieces, in order: stripe data ranges and zeros
     /// (holes). All drive reads are in flight at once, and shard pieces that lie back to
     /// back on one drive (consecutive stripes of a sequentially written file do) are read
     /// with one request of up to [`READ_RUN_BYTES_MAX`]: on the disks measured, a 4 MiB
     /// request moves two to three times what four 1 MiB requests do. Checksums are verified
     /// piece by piece; a piece whose drive is missing, fails or returns bad data is read
     /// again alone through [`read_range`](Self::read_range), which reconstructs it.
-    pub fn read_many(&self, pieces: &[ReadPiece<'_>]) -> Result<Vec<u8>> {
+    ///
+    /// The bytes come in buffers of `chunk_bytes` each (the last one shorter), so a read of
+    /// many stripes needs no buffer as large as itself (one above the allocator's mmap
+    /// threshold is mapped, faulted in page by page and unmapped on every read).
+    pub fn read_many_chunked(&self, pieces: &[ReadPiece<'_>], chunk_bytes: usize) -> Result<Vec<Vec<u8>>> {
+        assert!(chunk_bytes > 0, "chunks hold at least one byte");
         let sb_of = |rec: &StripeRec| rec.shard_bytes as u64;
         let cb = CHECKSUM_BLOCK_BYTES as u64;
         let total: usize = pieces.iter().map(|p| p.len()).sum();
@@ -736,11 +803,11 @@ impl DataStore {
         for (j, part) in parts.iter().enumerate() {
             parts_of[part.piece].push(j);
         }
-        let mut out = Vec::with_capacity(total);
+        let mut out = Chunks::new(total, chunk_bytes);
         for (i, piece) in pieces.iter().enumerate() {
             let (rec, offset, len) = match piece {
                 ReadPiece::Zeros(n) => {
-                    out.resize(out.len() + n, 0);
+                    out.zeros(*n);
                     continue;
                 }
                 ReadPiece::Stripe { rec, offset, len } => (*rec, *offset, *len),
@@ -780,16 +847,16 @@ impl DataStore {
                     break;
                 }
                 let src = (part.from - part.shard as u64 * sb_of(rec) - part.a) as usize;
-                out.extend_from_slice(&bytes[src..src + (part.to - part.from) as usize]);
+                out.extend(&bytes[src..src + (part.to - part.from) as usize]);
             }
             if !ok {
                 out.truncate(start);
-                out.extend_from_slice(&self.read_range(rec, offset, len)?);
+                out.extend(&self.read_range(rec, offset, len)?);
             }
             debug_assert_eq!(out.len() - start, len, "a piece is read whole");
         }
         debug_assert_eq!(out.len(), total);
-        Ok(out)
+        Ok(out.chunks)
     }
 
     /// Reads every shard in full; None for missing, unreadable or corrupt ones.

@@ -820,6 +820,14 @@ impl Engine {
 
     /// Reads up to `len` bytes at `offset`; short only at end of file.
     pub fn read(&self, caller: &Caller, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
+        Ok(self.read_chunks(caller, ino, offset, len, usize::MAX)?.pop().unwrap_or_default())
+    }
+
+    /// `read` into buffers of `chunk_bytes` each (the last one shorter; none when nothing is
+    /// read), for large reads: the drives are read as for one `read` of the whole range (shards
+    /// that lie back to back with one request), without a buffer as large as the range.
+    pub fn read_chunks(&self, caller: &Caller, ino: Ino, offset: u64, len: usize, chunk_bytes: usize) -> Result<Vec<Vec<u8>>> {
+        assert!(chunk_bytes > 0, "chunks hold at least one byte");
         let rec = self.load(ino)?;
         match rec.kind {
             FileKind::File => {}
@@ -830,7 +838,7 @@ impl Engine {
         check(caller, &rec, R)?;
         if !caller.is_portal() {
             if let Some(stub) = self.remote_stub(ino)? {
-                return self.read_mirror(caller, ino, stub, offset, len);
+                return self.read_mirror(caller, ino, stub, offset, len).map(|v| split_chunks(v, chunk_bytes));
             }
         }
         let buf = self.buffer_of(ino);
@@ -846,15 +854,23 @@ impl Engine {
             return Ok(Vec::new());
         }
         let end = size.min(offset.saturating_add(len as u64));
-        let mut out = self.read_committed(ino, &rec, offset, (end - offset) as usize)?;
+        let mut out = self.read_committed_chunks(ino, &rec, offset, (end - offset) as usize, chunk_bytes)?;
         if let Some(b) = &guard {
-            b.overlay(offset, &mut out);
+            let mut at = offset;
+            for c in &mut out {
+                b.overlay(at, c);
+                at += c.len() as u64;
+            }
         }
         Ok(out)
     }
 
-    /// Reads committed data (extents or inline), zeros for holes.
-    pub(crate) fn read_committed(&self, ino: Ino, rec: &InodeRec, offset: u64, len: usize) -> Result<Vec<u8>> {
+    /// Reads committed data (extents or inline), zeros for holes, into buffers of
+    /// `chunk_bytes` each (the last one shorter).
+    fn read_committed_chunks(&self, ino: Ino, rec: &InodeRec, offset: u64, len: usize, chunk_bytes: usize) -> Result<Vec<Vec<u8>>> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
         let end = offset + len as u64;
         let extents = match rec.storage {
             Storage::Extents => self.extents_overlapping(ino, offset, end)?,
@@ -867,7 +883,7 @@ impl Engine {
             && eoff + ext.len >= end
         {
             let stripe = self.load_stripe(ext.stripe_id)?;
-            return self.data.read_range(&stripe, ext.stripe_offset + (offset - eoff), len);
+            return Ok(split_chunks(self.data.read_range(&stripe, ext.stripe_offset + (offset - eoff), len)?, chunk_bytes));
         }
         match rec.storage {
             Storage::Inline => {
@@ -877,7 +893,7 @@ impl Engine {
                     let b = (end as usize).min(v.len());
                     out[..b - a].copy_from_slice(&v[a..b]);
                 }
-                Ok(out)
+                Ok(split_chunks(out, chunk_bytes))
             }
             Storage::Extents => {
                 // Several stripes (and holes) in one go: the data store reads them all at
@@ -900,7 +916,7 @@ impl Engine {
                 if pos < end {
                     pieces.push(ReadPiece::Zeros((end - pos) as usize));
                 }
-                self.data.read_many(&pieces)
+                self.data.read_many_chunked(&pieces, chunk_bytes)
             }
         }
     }
@@ -2519,4 +2535,16 @@ fn decode_drive(v: &[u8]) -> Result<(PathBuf, [u8; 16], u32, u16, u64)> {
     let r = (path, uuid, d.u32()?, d.u16()?, d.u64()?);
     d.end()?;
     Ok(r)
+}
+
+/// `v` as buffers of `chunk_bytes` each (the last one shorter); one copy only when `v` is
+/// longer than a chunk.
+fn split_chunks(v: Vec<u8>, chunk_bytes: usize) -> Vec<Vec<u8>> {
+    if v.is_empty() {
+        Vec::new()
+    } else if v.len() <= chunk_bytes {
+        vec![v]
+    } else {
+        v.chunks(chunk_bytes).map(<[u8]>::to_vec).collect()
+    }
 }

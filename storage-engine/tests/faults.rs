@@ -269,3 +269,55 @@ fn holes_between_stripes_read_as_zeros() {
     assert!(got[50_000..500_000].iter().all(|&x| x == 0));
     assert!(got[500_000..] == b[..]);
 }
+
+/// `read_chunks` answers what `read` does, in buffers of the asked size: across stripes,
+/// holes, bytes still in the write buffer, a corrupt drive, and the end of the file; and a
+/// large read stays one request per drive run.
+#[test]
+fn read_chunks_is_read_in_buffers_of_the_asked_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let (e, ctl, _, _, _) = faulty_engine_with_a_file(dir.path());
+    let c = root();
+    let f = e.create(&c, ROOT_INO, b"chunked", 0o644, false).unwrap();
+    let a = bytes(5, 700_000);
+    let b = bytes(6, 90_000);
+    e.write(&c, f.ino, 0, &a, Stability::Durable).unwrap();
+    e.write(&c, f.ino, 900_000, &b, Stability::Durable).unwrap();
+    // Still buffered: over the committed bytes and past the committed end.
+    let tail = bytes(7, 30_000);
+    e.write(&c, f.ino, 980_000, &tail, Stability::Unstable).unwrap();
+    let size = e.getattr(&c, f.ino).unwrap().size as usize;
+    assert_eq!(size, 1_010_000);
+    let check = |off: u64, len: usize, chunk: usize| {
+        let whole = e.read(&c, f.ino, off, len).unwrap();
+        let parts = e.read_chunks(&c, f.ino, off, len, chunk).unwrap();
+        if let Some((last, full)) = parts.split_last() {
+            assert!(full.iter().all(|p| p.len() == chunk), "all but the last are {chunk} bytes");
+            assert!(!last.is_empty() && last.len() <= chunk);
+        }
+        assert!(parts.concat() == whole, "read_chunks({off}, {len}, {chunk}) differs from read");
+        whole
+    };
+    for chunk in [1usize << 20, 65_536, 100_000, 4_096, 7_777] {
+        let all = check(0, size + 10, chunk);
+        assert_eq!(all.len(), size);
+        assert!(all[..700_000] == a[..]);
+        assert!(all[700_000..900_000].iter().all(|&x| x == 0));
+        assert!(all[900_000..980_000] == b[..80_000]);
+        assert!(all[980_000..] == tail[..]);
+        check(123_457, 600_000, chunk);
+        check(975_000, 20_000, chunk);
+    }
+    assert!(e.read_chunks(&c, f.ino, size as u64, 100, 4096).unwrap().is_empty(), "nothing past the end");
+    assert!(e.read_chunks(&c, f.ino, 0, 0, 4096).unwrap().is_empty());
+    e.close(&c, f.ino).unwrap();
+
+    let reads = |ctl: &parking_lot::Mutex<Vec<FaultControl>>| ctl.lock().iter().map(|c| c.reads_seen()).sum::<u64>();
+    let before = reads(&ctl);
+    let parts = e.read_chunks(&c, f.ino, 0, 700_000, 65_536).unwrap();
+    assert!(parts.concat() == a);
+    let made = reads(&ctl) - before;
+    assert!((1..=6).contains(&made), "{made} drive reads for 11 stripes read in 64 KiB buffers");
+    ctl.lock()[1].corrupt_reads_in(0..u64::MAX);
+    assert!(e.read_chunks(&c, f.ino, 0, 700_000, 65_536).unwrap().concat() == a, "a corrupt run is reconstructed");
+}
