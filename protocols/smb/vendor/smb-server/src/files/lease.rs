@@ -269,8 +269,9 @@ pub(crate) struct Current {
 /// `file`, with `existing` the lease when another open already holds it,
 /// and whether a break of it is in progress. Nothing outside `grantable` is
 /// granted. An existing lease is never downgraded, and is upgraded only to
-/// a superset the request covers and only while no break is in progress
-/// (MS-SMB2 3.3.5.9.8: such a request promotes nothing).
+/// the superset the request names, when the other opens and leases allow
+/// all of it, and only while no break is in progress (MS-SMB2 3.3.5.9.8:
+/// such a request promotes nothing).
 pub(crate) fn grant(
     me: LeaseId,
     requested: LeaseState,
@@ -288,12 +289,16 @@ pub(crate) fn grant(
         ),
         Some(current) if current.breaking => (current.state, true),
         Some(current) if !requested.contains(current.state) => (current.state, false),
-        Some(current) => (
-            candidates(requested)
-                .find(|&c| c.contains(current.state) && c != current.state && fits(c))
-                .unwrap_or(current.state),
-            false,
-        ),
+        // Aquifer patch: an upgrade takes the whole state requested (within
+        // `grantable`) or nothing, as Windows and Samba grant it; upstream
+        // took the largest part of it the other leases allowed, which only
+        // a lease's first grant does.
+        Some(current) => {
+            let wanted = requested.and(grantable);
+            let upgraded =
+                wanted != current.state && wanted.contains(current.state) && fits(wanted);
+            (if upgraded { wanted } else { current.state }, false)
+        }
     }
 }
 
@@ -580,9 +585,19 @@ mod tests {
             if !requested.contains(current.state) || current.breaking {
                 assert_eq!(got, current.state, "promoted: {}", ctx());
             }
+            // An upgrade is all of the request or nothing.
+            let wanted = requested.and(grantable);
+            let allowed = wanted != current.state
+                && wanted.contains(current.state)
+                && grantable.contains(wanted)
+                && file.can_grant(me, wanted);
+            if requested.contains(current.state) && !current.breaking && allowed {
+                assert_eq!(got, wanted, "not upgraded: {}", ctx());
+            }
             if got == current.state {
                 return;
             }
+            assert_eq!(got, wanted, "partly upgraded: {}", ctx());
         }
         assert!(grantable.contains(got), "{}", ctx());
         assert!(
