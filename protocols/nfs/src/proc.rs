@@ -11,7 +11,7 @@ use nfs3_types::xdr_codec::{List, Opaque, Void};
 use storage_engine::{Attr, Caller, DirEntry, Engine, Error, FileKind, Ino, NameProblem, SetAttr, Stability, TimeSet};
 
 use crate::handle::{Handle, cookie_of};
-use crate::rpc::{CallInfo, Reply, packed};
+use crate::rpc::{CallInfo, Reply, ReplyData, packed};
 use crate::wire::decode;
 use crate::exports::ExportTable;
 use crate::{ClientMatch, IO_BYTES_MAX};
@@ -459,27 +459,33 @@ async fn read(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     let (engine, caller, ino, off) = (ctx.engine(), ctx.caller.clone(), attr.ino, a.offset);
     // From a window read ahead, under the attributes just loaded (unchanged since it was read).
     let r = match state.readahead.read(&engine, &caller, &attr, off, count).await {
-        Some((window, range)) => Ok((window, range, attr.clone())),
+        Some((window, chunk, range)) => Ok((window, chunk, range, attr.clone())),
         None => {
             blocking(move || {
                 let data = if count == 0 { Vec::new() } else { engine.read(&caller, ino, off, count)? };
                 let after = engine.getattr(&caller, ino)?;
                 let n = data.len();
-                Ok((Arc::new(data), 0..n, after))
+                Ok((Arc::new(vec![data]), 0, 0..n, after))
             })
             .await
         }
     };
     match r {
-        Ok((buf, range, after)) => {
-            let data = &buf[range];
-            let eof = off.saturating_add(data.len() as u64) >= after.size;
-            packed(&READ3res::Ok(READ3resok {
+        Ok((buffers, index, range, after)) => {
+            let data = ReplyData { buffers, index, range };
+            let n = data.bytes().len();
+            let eof = off.saturating_add(n as u64) >= after.size;
+            // The data is the reply's last field: packed empty here, and sent from the
+            // window (or the engine's buffer) where it lies.
+            let Reply::Success(body) = packed(&READ3res::Ok(READ3resok {
                 file_attributes: post_op_attr::Some(fattr(&after, ctx.export.id)),
-                count: data.len() as u32,
+                count: n as u32,
                 eof,
-                data: Opaque::borrowed(data),
-            }))
+                data: Opaque::borrowed(&[]),
+            })) else {
+                unreachable!("packed answers Success")
+            };
+            Reply::SuccessWithData(body, data)
         }
         Err(e) => packed(&READ3res::Err((status(&e), READ3resfail { file_attributes: post_op_attr::Some(fattr(&attr, ctx.export.id)) }))),
     }

@@ -8,6 +8,11 @@
 //!
 //! A window is only used while the file's size, mtime and ctime (loaded for every call anyway)
 //! are the ones it was read under: any change to the file drops its windows.
+//!
+//! Windows are 16 MiB, four stripes of the default geometry: the engine reads shards that lie
+//! back to back on a drive with one request, and the disks measured move far more with 4 MiB
+//! requests than with 1 MiB ones. Their bytes come in 4 MiB buffers (below the allocator's
+//! mmap threshold), and all windows together hold at most [`READAHEAD_BYTES_MAX`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,13 +21,19 @@ use storage_engine::{Attr, Caller, Engine, Ino};
 use tokio::sync::watch;
 
 /// Bytes read ahead in one engine call.
-pub(crate) const WINDOW_BYTES: u64 = 4 << 20;
+const WINDOW_BYTES: u64 = 16 << 20;
 /// Windows kept in flight ahead of the reader.
 const WINDOWS_AHEAD: u64 = 2;
+/// A window's bytes come in buffers of this size.
+const CHUNK_BYTES: usize = 4 << 20;
 /// Files with readahead state; the least recently used is dropped beyond this.
 const FILES_MAX: usize = 32;
+/// Bytes all windows together may hold (read or being read); beyond it, the windows of the
+/// least recently read other files are dropped, and failing that no window is started.
+const READAHEAD_BYTES_MAX: u64 = 384 << 20;
 
-type Filled = Option<Option<Arc<Vec<u8>>>>;
+/// A window's bytes once read: buffers of [`CHUNK_BYTES`] each (the last one shorter).
+type Filled = Option<Option<Arc<Vec<Vec<u8>>>>>;
 
 struct Window {
     start: u64,
@@ -53,7 +64,8 @@ fn stamp(a: &Attr) -> (u64, i64, i64) {
 impl Readahead {
     /// Serves `[off, off + count)` of the file `attr` from a window when one covers it, and
     /// schedules windows ahead of a sequential reader. `None`: read it directly.
-    pub(crate) async fn read(&self, engine: &Arc<Engine>, caller: &Caller, attr: &Attr, off: u64, count: usize) -> Option<(Arc<Vec<u8>>, std::ops::Range<usize>)> {
+    /// The answer is the window's buffers, the one that holds the read and the range of it.
+    pub(crate) async fn read(&self, engine: &Arc<Engine>, caller: &Caller, attr: &Attr, off: u64, count: usize) -> Option<(Arc<Vec<Vec<u8>>>, usize, std::ops::Range<usize>)> {
         let end = attr.size.min(off.saturating_add(count as u64));
         if off >= end {
             return None;
@@ -79,37 +91,109 @@ impl Readahead {
             st.used = now;
             let sequential = st.last_end == off;
             st.last_end = end;
-            st.windows.retain(|w| w.start + WINDOW_BYTES > off);
+            // Windows behind this read, or beyond the ones it keeps in flight (left from an
+            // earlier pass over the file), are of no use.
+            st.windows.retain(|w| w.start + WINDOW_BYTES > off && w.start < end + WINDOWS_AHEAD * WINDOW_BYTES);
             let hit = st.windows.iter().find(|w| w.start <= off && end <= w.start + WINDOW_BYTES).map(|w| (w.start, w.rx.clone()));
+            // Windows to start, to keep them in flight from the end of this read on.
+            let mut starts = Vec::new();
             if hit.is_some() || sequential {
-                // Keep windows in flight from the end of this read on.
                 let mut next = hit.as_ref().map_or(end, |(s, _)| s + WINDOW_BYTES);
                 if let Some(last) = st.windows.last() {
                     next = next.max(last.start + WINDOW_BYTES);
                 }
                 while next < attr.size && next < end + WINDOWS_AHEAD * WINDOW_BYTES {
-                    st.windows.push(Window { start: next, rx: spawn_fill(engine, caller, attr.ino, next) });
+                    starts.push(next);
                     next += WINDOW_BYTES;
+                }
+            }
+            if !starts.is_empty() {
+                make_room(files, &key, starts.len() as u64 * WINDOW_BYTES);
+                let held: u64 = files.values().map(|f| f.windows.len() as u64 * WINDOW_BYTES).sum();
+                let fit = (READAHEAD_BYTES_MAX.saturating_sub(held) / WINDOW_BYTES) as usize;
+                let st = files.get_mut(&key).expect("made above, kept by make_room");
+                for start in starts.into_iter().take(fit) {
+                    st.windows.push(Window { start, rx: spawn_fill(engine, caller, attr.ino, start, WINDOW_BYTES) });
                 }
             }
             hit
         };
         let (start, mut rx) = rx?;
         let filled = rx.wait_for(|v| v.is_some()).await.ok()?.clone().flatten()?;
-        let a = (off - start) as usize;
-        let b = ((end - start) as usize).min(filled.len());
-        // The window itself and the range of it to answer with: the reply is encoded straight
-        // from the window, without a copy of its own.
-        (a < b && b == (end - start) as usize).then_some((filled, a..b))
+        // The buffer of the window that holds the whole read, and the range of it to answer
+        // with: the reply is sent straight from the window, without a copy of its own. A read
+        // across two buffers (READ sizes that do not divide CHUNK_BYTES) is copied out.
+        let (a, b) = ((off - start) as usize, (end - start) as usize);
+        if b > filled.iter().map(Vec::len).sum::<usize>() {
+            return None;
+        }
+        let i = a / CHUNK_BYTES;
+        if b <= (i + 1) * CHUNK_BYTES {
+            return Some((filled, i, a - i * CHUNK_BYTES..b - i * CHUNK_BYTES));
+        }
+        let mut copy = Vec::with_capacity(b - a);
+        for (j, c) in filled.iter().enumerate() {
+            let (ca, cb) = (j * CHUNK_BYTES, j * CHUNK_BYTES + c.len());
+            if cb > a && ca < b {
+                copy.extend_from_slice(&c[a.max(ca) - ca..b.min(cb) - ca]);
+            }
+        }
+        let n = copy.len();
+        Some((Arc::new(vec![copy]), 0, 0..n))
     }
 }
 
-fn spawn_fill(engine: &Arc<Engine>, caller: &Caller, ino: Ino, start: u64) -> watch::Receiver<Filled> {
+/// Drops windows of other files, least recently read first, until `bytes` more fit in
+/// [`READAHEAD_BYTES_MAX`] (or no other file holds any).
+fn make_room(files: &mut HashMap<Key, FileState>, keep: &Key, bytes: u64) {
+    loop {
+        let held: u64 = files.values().map(|f| f.windows.len() as u64 * WINDOW_BYTES).sum();
+        if held + bytes <= READAHEAD_BYTES_MAX {
+            return;
+        }
+        let victim = files.iter_mut().filter(|(k, f)| *k != keep && !f.windows.is_empty()).min_by_key(|(_, f)| f.used);
+        match victim {
+            Some((_, f)) => f.windows.clear(),
+            None => return,
+        }
+    }
+}
+
+fn spawn_fill(engine: &Arc<Engine>, caller: &Caller, ino: Ino, start: u64, len: u64) -> watch::Receiver<Filled> {
     let (tx, rx) = watch::channel(None);
     let (engine, caller) = (engine.clone(), caller.clone());
     tokio::task::spawn_blocking(move || {
-        let data = engine.read(&caller, ino, start, WINDOW_BYTES as usize).ok().map(Arc::new);
+        let data = engine.read_chunks(&caller, ino, start, len as usize, CHUNK_BYTES).ok().map(Arc::new);
         let _ = tx.send(Some(data));
     });
     rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(used: u64, windows: usize) -> FileState {
+        let windows = (0..windows as u64).map(|i| Window { start: i * WINDOW_BYTES, rx: watch::channel(None).1 }).collect();
+        FileState { stamp: (0, 0, 0), last_end: 0, windows, used }
+    }
+
+    #[test]
+    fn room_for_new_windows_comes_from_the_least_recently_read_other_files() {
+        let per_budget = (READAHEAD_BYTES_MAX / WINDOW_BYTES) as usize;
+        let key = |ino: Ino| -> Key { (ino, 0, 0, vec![]) };
+        let mut files = HashMap::new();
+        files.insert(key(1), file(1, per_budget / 2));
+        files.insert(key(2), file(2, per_budget / 2));
+        files.insert(key(3), file(3, 0));
+        make_room(&mut files, &key(3), 2 * WINDOW_BYTES);
+        assert!(files[&key(1)].windows.is_empty(), "the least recently read file gives its windows up");
+        assert_eq!(files[&key(2)].windows.len(), per_budget / 2, "and only as many files as needed do");
+        // The reader's own windows are never dropped for itself; with no other file holding
+        // any, nothing more is freed and the caller starts fewer windows.
+        files.insert(key(4), file(4, per_budget));
+        files.get_mut(&key(2)).unwrap().windows.clear();
+        make_room(&mut files, &key(4), WINDOW_BYTES);
+        assert_eq!(files[&key(4)].windows.len(), per_budget);
+    }
 }

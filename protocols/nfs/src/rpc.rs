@@ -39,11 +39,68 @@ pub(crate) struct CallInfo {
 pub(crate) enum Reply {
     /// Accepted and executed: the packed result body.
     Success(Vec<u8>),
+    /// Accepted and executed: a packed result body whose last field is an opaque packed
+    /// empty, and the bytes that opaque holds, sent from where they lie (READ data from a
+    /// read-ahead window) instead of copied into the body.
+    SuccessWithData(Vec<u8>, ReplyData),
     /// Arguments did not decode.
     GarbageArgs,
     ProcUnavailable,
     /// The credential is not strong enough (AUTH_NULL where AUTH_SYS is needed).
     AuthTooWeak,
+}
+
+/// Bytes a reply sends from where they lie: one buffer of a read-ahead window, or a range of it.
+pub(crate) struct ReplyData {
+    pub buffers: Arc<Vec<Vec<u8>>>,
+    pub index: usize,
+    pub range: std::ops::Range<usize>,
+}
+
+impl ReplyData {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.buffers[self.index][self.range.clone()]
+    }
+}
+
+/// A whole reply record: `record` (mark and header included) followed by `data`, if any,
+/// and the XDR padding that rounds `data` up to four bytes.
+pub(crate) struct Outgoing {
+    record: Vec<u8>,
+    data: Option<ReplyData>,
+}
+
+impl From<Vec<u8>> for Outgoing {
+    fn from(record: Vec<u8>) -> Outgoing {
+        Outgoing { record, data: None }
+    }
+}
+
+impl Outgoing {
+    fn len(&self) -> usize {
+        self.record.len() + self.data.as_ref().map_or(0, |d| d.bytes().len().next_multiple_of(4))
+    }
+
+    /// Writes the record; the data goes from its buffer to the socket in the same call.
+    async fn write_to(&self, w: &mut (impl AsyncWriteExt + Unpin)) -> std::io::Result<()> {
+        let Some(d) = &self.data else { return w.write_all(&self.record).await };
+        let data = d.bytes();
+        let pad = [0u8; 3];
+        let mut parts: [&[u8]; 3] = [&self.record, data, &pad[..data.len().next_multiple_of(4) - data.len()]];
+        while parts.iter().any(|p| !p.is_empty()) {
+            let slices = parts.map(std::io::IoSlice::new);
+            let mut n = w.write_vectored(&slices).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            for p in parts.iter_mut() {
+                let k = n.min(p.len());
+                *p = &p[k..];
+                n -= k;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Bytes in front of a successful reply's body: the record mark and the accepted-reply header
@@ -113,12 +170,12 @@ async fn connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr) -> a
     // time on a busy machine. The rest (and small replies that find the lock taken) are
     // written by the writer task in turn.
     let wr = Arc::new(tokio::sync::Mutex::new(wr));
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(REPLY_QUEUE_MAX);
+    let (tx, mut rx) = mpsc::channel::<Outgoing>(REPLY_QUEUE_MAX);
     let writer = {
         let wr = wr.clone();
         async move {
             while let Some(reply) = rx.recv().await {
-                wr.lock().await.write_all(&reply).await?;
+                reply.write_to(&mut *wr.lock().await).await?;
             }
             anyhow::Ok(())
         }
@@ -139,7 +196,7 @@ async fn connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr) -> a
                 if reply.len() <= DIRECT_REPLY_BYTES_MAX {
                     if let Ok(mut w) = wr.try_lock() {
                         // A failed write ends the connection: the reader sees it closed.
-                        let _ = w.write_all(&reply).await;
+                        let _ = reply.write_to(&mut *w).await;
                         return;
                     }
                 }
@@ -155,27 +212,27 @@ async fn connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr) -> a
     r.and(w)
 }
 
-async fn handle_call(state: &Arc<State>, peer: IpAddr, xid: u32, call: CallHeader, record: &[u8]) -> Vec<u8> {
+async fn handle_call(state: &Arc<State>, peer: IpAddr, xid: u32, call: CallHeader, record: &[u8]) -> Outgoing {
     if call.rpcvers != RPC_VERSION_2 {
-        return denied(xid, rejected_reply::rpc_mismatch(RPC_VERSION_2, RPC_VERSION_2));
+        return denied(xid, rejected_reply::rpc_mismatch(RPC_VERSION_2, RPC_VERSION_2)).into();
     }
     let cred = match call.cred_flavor {
         auth_flavor::AUTH_UNIX => match decode::<auth_unix>(&call.cred_body) {
             Some(a) => Some(a),
-            None => return denied(xid, rejected_reply::auth_error(auth_stat::AUTH_BADCRED)),
+            None => return denied(xid, rejected_reply::auth_error(auth_stat::AUTH_BADCRED)).into(),
         },
         auth_flavor::AUTH_NULL => None,
-        _ => return denied(xid, rejected_reply::auth_error(auth_stat::AUTH_TOOWEAK)),
+        _ => return denied(xid, rejected_reply::auth_error(auth_stat::AUTH_TOOWEAK)).into(),
     };
     let info = CallInfo { peer, cred };
     let args = &record[call.args_at..];
     let (low, high) = match call.prog {
         nfs3_types::nfs3::PROGRAM => (3, 3),
         nfs3_types::mount::PROGRAM => (3, 3),
-        _ => return accepted(xid, accept_stat_data::PROG_UNAVAIL, &[]),
+        _ => return accepted(xid, accept_stat_data::PROG_UNAVAIL, &[]).into(),
     };
     if call.vers < low || call.vers > high {
-        return accepted(xid, accept_stat_data::PROG_MISMATCH { low, high }, &[]);
+        return accepted(xid, accept_stat_data::PROG_MISMATCH { low, high }, &[]).into();
     }
     let reply = if call.prog == nfs3_types::nfs3::PROGRAM {
         crate::proc::dispatch(state, &info, call.proc_, args).await
@@ -183,21 +240,32 @@ async fn handle_call(state: &Arc<State>, peer: IpAddr, xid: u32, call: CallHeade
         crate::mount::dispatch(state, &info, call.proc_, args).await
     };
     match reply {
-        Reply::Success(body) => success(xid, body),
-        Reply::GarbageArgs => accepted(xid, accept_stat_data::GARBAGE_ARGS, &[]),
-        Reply::ProcUnavailable => accepted(xid, accept_stat_data::PROC_UNAVAIL, &[]),
-        Reply::AuthTooWeak => denied(xid, rejected_reply::auth_error(auth_stat::AUTH_TOOWEAK)),
+        Reply::Success(body) => success(xid, body, 0).into(),
+        Reply::SuccessWithData(body, data) => success_with_data(xid, body, data),
+        Reply::GarbageArgs => accepted(xid, accept_stat_data::GARBAGE_ARGS, &[]).into(),
+        Reply::ProcUnavailable => accepted(xid, accept_stat_data::PROC_UNAVAIL, &[]).into(),
+        Reply::AuthTooWeak => denied(xid, rejected_reply::auth_error(auth_stat::AUTH_TOOWEAK)).into(),
     }
 }
 
-/// Fills in the record mark and header in front of a body packed by [`packed`].
-fn success(xid: u32, mut out: Vec<u8>) -> Vec<u8> {
-    let mark = (out.len() - 4) as u32 | 0x8000_0000;
+/// Fills in the record mark and header in front of a body packed by [`packed`], with
+/// `after` more bytes of the record to follow it.
+fn success(xid: u32, mut out: Vec<u8>, after: usize) -> Vec<u8> {
+    let mark = (out.len() - 4 + after) as u32 | 0x8000_0000;
     let head = [mark, xid, 1 /* REPLY */, 0 /* MSG_ACCEPTED */, auth_flavor::AUTH_NULL as u32, 0, 0 /* SUCCESS */];
     for (i, w) in head.iter().enumerate() {
         out[i * 4..i * 4 + 4].copy_from_slice(&w.to_be_bytes());
     }
     out
+}
+
+/// [`success`] for a body that ends with an opaque packed empty, whose bytes are `data`: the
+/// opaque's real length goes in, and the record mark counts the data and its padding.
+fn success_with_data(xid: u32, mut body: Vec<u8>, data: ReplyData) -> Outgoing {
+    let n = data.bytes().len();
+    let at = body.len() - 4;
+    body[at..].copy_from_slice(&(n as u32).to_be_bytes());
+    Outgoing { record: success(xid, body, n.next_multiple_of(4)), data: Some(data) }
 }
 
 /// A whole record (mark included) holding `msg` and then `body`.
@@ -236,6 +304,30 @@ mod tests {
         let Reply::Success(room) = packed(&nfs3_types::xdr_codec::Opaque::owned(body.clone())) else { panic!("packed") };
         let mut packed_body = Vec::new();
         nfs3_types::xdr_codec::Opaque::owned(body).pack(&mut packed_body).unwrap();
-        assert_eq!(success(0x1234_5678, room), accepted(0x1234_5678, accept_stat_data::SUCCESS, &packed_body));
+        assert_eq!(success(0x1234_5678, room, 0), accepted(0x1234_5678, accept_stat_data::SUCCESS, &packed_body));
+    }
+
+    /// A reply whose data is sent from its buffer is, byte for byte, the reply with the data
+    /// packed into it (length, bytes, padding), whatever the length.
+    #[tokio::test]
+    async fn a_reply_sent_with_its_data_beside_it_is_the_packed_reply() {
+        for n in [0usize, 1, 2, 3, 4, 1001, 4096] {
+            let buffers = Arc::new(vec![vec![9u8; 10], (0..n + 7).map(|i| i as u8).collect::<Vec<u8>>()]);
+            let data = ReplyData { buffers, index: 1, range: 5..5 + n };
+            let res = |d: &[u8]| {
+                use nfs3_types::nfs3::*;
+                let data = nfs3_types::xdr_codec::Opaque::borrowed(d);
+                match packed(&READ3res::Ok(READ3resok { file_attributes: post_op_attr::None, count: n as u32, eof: true, data })) {
+                    Reply::Success(b) => b,
+                    _ => unreachable!("packed answers Success"),
+                }
+            };
+            let whole = success(7, res(data.bytes()), 0);
+            let out = success_with_data(7, res(&[]), data);
+            assert_eq!(out.len(), whole.len());
+            let mut sent = Vec::new();
+            out.write_to(&mut sent).await.unwrap();
+            assert_eq!(sent, whole, "{n} bytes of data");
+        }
     }
 }
