@@ -19,8 +19,16 @@ const DIR_MODE: u32 = 0o755;
 /// FILETIME of the Unix epoch (100 ns ticks since 1601-01-01).
 const FILETIME_UNIX_EPOCH: i64 = 116_444_736_000_000_000;
 const FILE_ATTRIBUTE_READONLY: u32 = 0x1;
+const FILE_ATTRIBUTE_HIDDEN: u32 = 0x2;
+const FILE_ATTRIBUTE_SYSTEM: u32 = 0x4;
 const FILE_ATTRIBUTE_ARCHIVE: u32 = 0x20;
 const FILE_ATTRIBUTE_NORMAL: u32 = 0x80;
+/// The DOS attributes kept in [`XATTR_DOS_ATTRIBUTES`].
+const STORED_ATTRIBUTES: u32 = FILE_ATTRIBUTE_HIDDEN | FILE_ATTRIBUTE_SYSTEM;
+/// Extended attribute holding a file's FILE_ATTRIBUTE_HIDDEN and FILE_ATTRIBUTE_SYSTEM, as a
+/// 4-byte little-endian mask (Samba keeps them in `user.DOSATTRIB` the same way); absent when
+/// neither is set.
+const XATTR_DOS_ATTRIBUTES: &[u8] = b"aquifer.smb.dos_attributes";
 /// Allocation unit reported to clients.
 const BLOCK: u64 = 4096;
 /// Bytes read ahead for a handle read sequentially: one engine stripe (four 1 MiB data shards
@@ -66,8 +74,35 @@ fn unix_ns(filetime: u64) -> i64 {
     (filetime as i64 - FILETIME_UNIX_EPOCH).saturating_mul(100)
 }
 
-fn file_info(name: &str, a: &Attr) -> FileInfo {
+/// The hidden and system attributes stored for `ino`; 0 when none are. Read as the engine, as
+/// any open of the file may report them.
+fn dos_attributes(e: &Engine, ino: Ino) -> u32 {
+    e.getxattr(&Caller::system(), ino, XATTR_DOS_ATTRIBUTES)
+        .ok()
+        .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
+        .map_or(0, u32::from_le_bytes)
+        & STORED_ATTRIBUTES
+}
+
+/// Stores the hidden and system bits of `attributes` for `ino` as `c`, who needs write
+/// permission on the file, as for any xattr.
+fn set_dos_attributes(e: &Engine, c: &Caller, ino: Ino, attributes: u32) -> storage_engine::Result<()> {
+    let stored = attributes & STORED_ATTRIBUTES;
+    if stored == dos_attributes(e, ino) {
+        return Ok(());
+    }
+    if stored == 0 {
+        return match e.removexattr(c, ino, XATTR_DOS_ATTRIBUTES) {
+            Err(Error::NotFound) => Ok(()),
+            other => other,
+        };
+    }
+    e.setxattr(c, ino, XATTR_DOS_ATTRIBUTES, &stored.to_le_bytes())
+}
+
+fn file_info(name: &str, a: &Attr, dos: u32) -> FileInfo {
     let mut info = FileInfo::new(name);
+    info.dos_attributes = dos;
     info.is_directory = a.kind == FileKind::Dir;
     info.end_of_file = if info.is_directory { 0 } else { a.size };
     info.allocation_size = info.end_of_file.div_ceil(BLOCK) * BLOCK;
@@ -564,8 +599,8 @@ impl Handle for EngineHandle {
     }
 
     async fn stat(&self) -> SmbResult<FileInfo> {
-        let attr = self.with(|e, c, ino| e.getattr(c, ino)).await?;
-        Ok(file_info(&self.name, &attr))
+        let (attr, dos) = self.with(|e, c, ino| Ok((e.getattr(c, ino)?, dos_attributes(e, ino)))).await?;
+        Ok(file_info(&self.name, &attr, dos))
     }
 
     async fn set_times(&self, times: FileTimes) -> SmbResult<()> {
@@ -582,18 +617,30 @@ impl Handle for EngineHandle {
     }
 
     async fn set_attributes(&self, attributes: u32) -> SmbResult<()> {
-        if attributes & !(FILE_ATTRIBUTE_READONLY | FILE_ATTRIBUTE_ARCHIVE | FILE_ATTRIBUTE_NORMAL) != 0 {
+        let known = FILE_ATTRIBUTE_READONLY | STORED_ATTRIBUTES | FILE_ATTRIBUTE_ARCHIVE | FILE_ATTRIBUTE_NORMAL;
+        if attributes & !known != 0 {
             return Err(SmbError::NotSupported);
         }
         if self.is_dir {
-            return if attributes & FILE_ATTRIBUTE_READONLY != 0 { Err(SmbError::NotSupported) } else { Ok(()) };
+            if attributes & FILE_ATTRIBUTE_READONLY != 0 {
+                return Err(SmbError::NotSupported);
+            }
+            return self.with(move |e, c, ino| set_dos_attributes(e, c, ino, attributes)).await;
         }
         let read_only = attributes & FILE_ATTRIBUTE_READONLY != 0;
         self.with(move |e, c, ino| {
             let a = e.getattr(c, ino)?;
             let mode = if read_only { a.mode & !0o222 } else { a.mode | 0o200 };
+            // The xattr needs write permission: stored while the file is still writable when
+            // it becomes read-only, and after the mode when it stops being read-only.
+            if read_only {
+                set_dos_attributes(e, c, ino, attributes)?;
+            }
             if mode != a.mode {
                 e.setattr(c, ino, SetAttr { mode: Some(mode), ..Default::default() })?;
+            }
+            if !read_only {
+                set_dos_attributes(e, c, ino, attributes)?;
             }
             Ok(())
         })
@@ -620,7 +667,7 @@ impl Handle for EngineHandle {
                         continue;
                     }
                     match e.getattr(c, entry.ino) {
-                        Ok(a) => out.push(DirEntry { info: file_info(name, &a) }),
+                        Ok(a) => out.push(DirEntry { info: file_info(name, &a, dos_attributes(e, entry.ino)) }),
                         Err(Error::NotFound | Error::Stale) => {}
                         Err(err) => return Err(err),
                     }
@@ -638,7 +685,7 @@ impl Handle for EngineHandle {
     async fn dir_entry(&self, name: &str) -> SmbResult<Option<DirEntry>> {
         let name = name.to_string();
         self.with(move |e, c, ino| match e.lookup(c, ino, name.as_bytes()) {
-            Ok(a) => Ok(Some(DirEntry { info: file_info(&name, &a) })),
+            Ok(a) => Ok(Some(DirEntry { info: file_info(&name, &a, dos_attributes(e, a.ino)) })),
             Err(Error::NotFound | Error::Stale) => Ok(None),
             Err(err) => Err(err),
         })
@@ -834,6 +881,47 @@ mod tests {
         admin.set_unix_security(UnixSecurityChange { uid: Some(1001), gid: Some(7), ..Default::default() }).await.unwrap();
         let a = engine.getattr(&sys, f.ino).unwrap();
         assert_eq!((a.uid, a.gid), (1001, 7));
+        engine.shutdown().unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hidden_and_system_are_stored_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 64 << 20, 4, 2)).unwrap();
+        let sys = Caller::system();
+        let f = engine.create(&sys, storage_engine::ROOT_INO, b"f", 0o644, true).unwrap();
+        engine.setattr(&sys, f.ino, SetAttr { uid: Some(1000), gid: Some(1000), ..Default::default() }).unwrap();
+        let budget = Arc::new(AtomicUsize::new(0));
+        let mut h = handle(&engine, f.ino, &budget);
+        h.caller = Caller { user: "u".into(), uid: 1000, gid: 1000, groups: vec![], role: storage_engine::Role::User };
+        let attributes = |h: &EngineHandle| {
+            let h = h.engine.clone();
+            async move { file_info("f", &h.getattr(&Caller::system(), f.ino).unwrap(), dos_attributes(&h, f.ino)).attributes() }
+        };
+        assert_eq!(attributes(&h).await, FILE_ATTRIBUTE_ARCHIVE);
+        // Hidden and read-only together, by the owner: the xattr is written before the file
+        // stops being writable.
+        h.set_attributes(FILE_ATTRIBUTE_HIDDEN | FILE_ATTRIBUTE_READONLY).await.unwrap();
+        assert_eq!(h.stat().await.unwrap().attributes(), FILE_ATTRIBUTE_HIDDEN | FILE_ATTRIBUTE_READONLY | FILE_ATTRIBUTE_ARCHIVE);
+        h.set_attributes(FILE_ATTRIBUTE_HIDDEN | FILE_ATTRIBUTE_SYSTEM).await.unwrap();
+        assert_eq!(attributes(&h).await, FILE_ATTRIBUTE_HIDDEN | FILE_ATTRIBUTE_SYSTEM | FILE_ATTRIBUTE_ARCHIVE);
+        // Listings report them too.
+        let mut root = handle(&engine, storage_engine::ROOT_INO, &budget);
+        root.is_dir = true;
+        let listed = root.list_dir(None).await.unwrap();
+        let entry = listed.iter().find(|e| e.info.name == "f").unwrap();
+        assert_eq!(entry.info.attributes(), FILE_ATTRIBUTE_HIDDEN | FILE_ATTRIBUTE_SYSTEM | FILE_ATTRIBUTE_ARCHIVE);
+        let one = root.dir_entry("f").await.unwrap().unwrap();
+        assert_eq!(one.info.attributes(), entry.info.attributes());
+        // Clearing them removes the xattr; attributes that are not stored are refused.
+        h.set_attributes(FILE_ATTRIBUTE_ARCHIVE).await.unwrap();
+        assert_eq!(attributes(&h).await, FILE_ATTRIBUTE_ARCHIVE);
+        assert!(matches!(engine.getxattr(&sys, f.ino, XATTR_DOS_ATTRIBUTES), Err(Error::NotFound)));
+        assert!(matches!(h.set_attributes(0x100).await, Err(SmbError::NotSupported)));
+        // Another user who may not write the file cannot hide it.
+        h.caller = Caller { user: "v".into(), uid: 1001, gid: 1001, groups: vec![], role: storage_engine::Role::User };
+        assert!(h.set_attributes(FILE_ATTRIBUTE_HIDDEN).await.is_err());
+        assert_eq!(attributes(&h).await, FILE_ATTRIBUTE_ARCHIVE);
         engine.shutdown().unwrap();
     }
 

@@ -4,7 +4,8 @@
 //! oplocks and checks the levels granted, the break notifications (level, FileId, count), the
 //! acknowledgments and the statuses of the conflicting CREATEs, writes, size changes and
 //! byte-range locks; `batch19` also reads the open's name back from FileAllInformation after a
-//! rename refused with a sharing violation. The list is the tests Aquifer passes
+//! rename refused with a sharing violation, and `batch25` sets FILE_ATTRIBUTE_HIDDEN through
+//! an attribute-only open beside a BATCH oplock, which succeeds without breaking it. The list is the tests Aquifer passes
 //! (docs/smb-conformance.md); a regression in any of them fails this test.
 
 mod common;
@@ -40,6 +41,7 @@ const TESTS: &[&str] = &[
     "batch21",
     "batch23",
     "batch24",
+    "batch25",
     "doc",
     "brl1",
     "brl2",

@@ -113,6 +113,10 @@ pub struct FileInfo {
     /// not see opens through the other, and clients on the two names can
     /// both cache writes to it.
     pub file_index: u64,
+    /// `FILE_ATTRIBUTE_HIDDEN` and `FILE_ATTRIBUTE_SYSTEM` as the backend
+    /// stores them (Aquifer patch); other bits are ignored. 0 for a backend
+    /// that stores neither.
+    pub dos_attributes: u32,
 }
 
 // File attributes (MS-FSCC 2.6).
@@ -149,6 +153,7 @@ impl FileInfo {
             is_directory: false,
             read_only: false,
             file_index: 0,
+            dos_attributes: 0,
         }
     }
 
@@ -168,7 +173,7 @@ impl FileInfo {
         if self.read_only {
             attributes |= FILE_ATTRIBUTE_READONLY;
         }
-        attributes
+        attributes | self.dos_attributes & (FILE_ATTRIBUTE_HIDDEN | FILE_ATTRIBUTE_SYSTEM)
     }
 }
 

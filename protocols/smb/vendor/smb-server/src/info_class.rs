@@ -472,6 +472,7 @@ mod tests {
             is_directory: false,
             read_only: false,
             file_index: 1,
+            dos_attributes: 0,
         }
     }
 

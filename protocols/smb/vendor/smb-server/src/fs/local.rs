@@ -429,6 +429,7 @@ fn file_info_from_metadata(name: String, md: &Metadata, root_dev: Option<u64>) -
         is_directory: md.is_dir(),
         read_only: !md.is_dir() && md.permissions().readonly(),
         file_index: file_index(root_dev, file_key(md)),
+        dos_attributes: 0,
     }
 }
 

@@ -317,6 +317,7 @@ impl Handle for MemHandle {
             is_directory: self.is_dir,
             read_only: g.read_only.contains(&self.key),
             file_index: 0,
+            dos_attributes: 0,
         })
     }
 
@@ -393,6 +394,7 @@ impl Handle for MemHandle {
                         is_directory: false,
                         read_only: false,
                         file_index: 0,
+                        dos_attributes: 0,
                     },
                 });
             }
@@ -414,6 +416,7 @@ impl Handle for MemHandle {
                         is_directory: true,
                         read_only: false,
                         file_index: 0,
+                        dos_attributes: 0,
                     },
                 });
             }
