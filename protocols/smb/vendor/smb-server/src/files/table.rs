@@ -1584,7 +1584,8 @@ impl FileRef {
         // no lease can be granted between the two. While another lease
         // still caches writes, which only an attribute-only open allows,
         // the lock is refused: a lock taken now would keep that client from
-        // writing back. Lock requests do not wait, so the client retries.
+        // writing back. A lock request without FAIL_IMMEDIATELY waits for
+        // the break to complete (its lock watch sees it) and tries again.
         let exempt = state.entry(self.id).and_then(|e| e.lease);
         let caching_writes = state
             .leases
