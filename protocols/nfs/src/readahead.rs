@@ -23,7 +23,7 @@ use tokio::sync::watch;
 /// Bytes read ahead in one engine call.
 const WINDOW_BYTES: u64 = 16 << 20;
 /// Windows kept in flight ahead of the reader.
-const WINDOWS_AHEAD: u64 = 2;
+const WINDOWS_AHEAD: u64 = 3;
 /// A window's bytes come in buffers of this size.
 const CHUNK_BYTES: usize = 4 << 20;
 /// Files with readahead state; the least recently used is dropped beyond this.
