@@ -5,7 +5,8 @@ set -euo pipefail
 # Build: RocksDB needs libclang; benchmarks use fio and iperf3.
 # Tests drive real clients: awscli, rclone and s3cmd (S3), libnfs-utils (NFSv3), OpenSSH sftp with
 # sshpass (SFTP), smbclient (SMB); samba's smbd and smbtorture (samba-testsuite) for the SMB
-# conformance and benchmark scripts; python3 with boto3, paramiko and minio.
+# conformance and benchmark scripts; python3 with boto3, paramiko, minio and
+# s3torchconnectorclient.
 want=(build-essential pkg-config libclang-dev clang curl ca-certificates fio iperf3
       awscli rclone s3cmd libnfs-utils openssh-client sshpass python3
       smbclient samba samba-testsuite)
@@ -27,6 +28,14 @@ if ((${#py_missing[@]})); then
     echo "installing python modules: ${py_missing[*]}"
     python3 -m pip install --quiet --disable-pip-version-check "${py_missing[@]}" \
         || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "${py_missing[@]}"
+fi
+# The S3 client under PyTorch's S3 connector (Mountpoint's client on the AWS CRT), without
+# torch itself (protocols/s3/tests/clients/s3torch_suite.py).
+s3torch_version=1.5.0
+if ! python3 -c "import s3torchconnectorclient, sys; sys.exit(s3torchconnectorclient.__version__ != '$s3torch_version')" 2>/dev/null; then
+    echo "installing python module: s3torchconnectorclient==$s3torch_version"
+    python3 -m pip install --quiet --disable-pip-version-check "s3torchconnectorclient==$s3torch_version" \
+        || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "s3torchconnectorclient==$s3torch_version"
 fi
 # MinIO's Python SDK and its functional tests, which ship only in the sdist
 # (protocols/s3/tests/clients.rs runs them from here). The SDK and the tests are one version.

@@ -41,8 +41,7 @@ admin_pw="s3tests-admin-$RANDOM$RANDOM"
 main_access=S3TESTSMAINKEY000001; main_secret="main-secret-$RANDOM$RANDOM$RANDOM"
 alt_access=S3TESTSALTKEY0000001;  alt_secret="alt-secret-$RANDOM$RANDOM$RANDOM"
 
-AQUIFER_ADMIN_PASSWORD="$admin_pw" AQUIFER_S3_ACCESS_KEY="$main_access" \
-AQUIFER_S3_SECRET_KEY="$main_secret" RUST_LOG="${RUST_LOG:-warn}" \
+AQUIFER_ADMIN_PASSWORD="$admin_pw" RUST_LOG="${RUST_LOG:-warn}" \
   "$bin" serve --data-dir "$work/data" --rest 127.0.0.1:0 --s3 127.0.0.1:0 \
   --nfs 127.0.0.1:0 --sftp 127.0.0.1:0 --drive-size 2GiB \
   > "$work/daemon.out" 2> "$work/daemon.log" &
@@ -62,11 +61,30 @@ done
 
 rest() { curl -fsS -u "admin:$admin_pw" -H 'content-type: application/json' "$@"; }
 uid_of() { python3 -c 'import json,sys; print(json.load(sys.stdin)["uid"])'; }
-main_uid=$(rest "http://$rest_at/api/v1/users/admin" | uid_of)
+# Both accounts are ordinary users, as S3 accounts are: the appliance's administrator keeps
+# powers over every object that no S3 account has.
+main_uid=$(rest -X POST "http://$rest_at/api/v1/users" \
+  -d "{\"name\":\"s3main\",\"password\":\"main-pw-$RANDOM$RANDOM\"}" | uid_of)
+rest -X POST "http://$rest_at/api/v1/users/s3main/s3-keys" \
+  -d "{\"access_key\":\"$main_access\",\"secret_key\":\"$main_secret\"}" > /dev/null
 alt_uid=$(rest -X POST "http://$rest_at/api/v1/users" \
   -d "{\"name\":\"s3alt\",\"password\":\"alt-pw-$RANDOM$RANDOM\"}" | uid_of)
 rest -X POST "http://$rest_at/api/v1/users/s3alt/s3-keys" \
   -d "{\"access_key\":\"$alt_access\",\"secret_key\":\"$alt_secret\"}" > /dev/null
+
+# The suite expects every account to create buckets, as on the RGW cluster it was written for.
+# Who may create buckets is decided by the namespace root's mode, so the operator opens it the
+# way /tmp is opened: world-writable and sticky (no user may remove or rename another's
+# bucket). Done as the admin over SFTP, the way an operator would.
+sftp_at=$(sed -n 's|.*SFTP at sftp://\([^ ,]*\).*|\1|p' "$work/daemon.out")
+python3 - "$sftp_at" "$admin_pw" <<'EOF'
+import sys, paramiko
+host, port = sys.argv[1].rsplit(":", 1)
+t = paramiko.Transport((host, int(port)))
+t.connect(username="admin", password=sys.argv[2])
+paramiko.SFTPClient.from_transport(t).chmod("/", 0o1777)
+t.close()
+EOF
 
 cat > "$work/s3tests.conf" <<EOF
 [DEFAULT]
@@ -84,9 +102,9 @@ bucket prefix = s3t-{random}-
 # No api_name: Aquifer has no named regions (GetBucketLocation answers us-east-1, i.e.
 # empty), so test_bucket_get_location skips itself.
 [s3 main]
-display_name = admin
+display_name = s3main
 user_id = $main_uid
-email = admin@example.com
+email = s3main@example.com
 access_key = $main_access
 secret_key = $main_secret
 storage_classes = STANDARD

@@ -105,7 +105,43 @@ fn decode_part(b: &[u8]) -> Result<PartInfo> {
 }
 
 /// Inodes of every part of every live upload (they are orphans that must survive restarts).
+///
+/// Run at start-up, before unreferenced orphans are reclaimed. Uploads whose bucket
+/// directory no longer exists are dropped first (a crash between removing a bucket and
+/// aborting its uploads leaves such records), so their parts are reclaimed with the other
+/// orphans instead of leaking.
 pub(crate) fn upload_parts(engine: &Engine) -> Result<HashSet<Ino>> {
+    let mut dead = Vec::new();
+    for kv in engine.db.iterator_cf(engine.cf(CF_UPLOADS), IteratorMode::From(b"u/", Direction::Forward)) {
+        let (k, v) = kv?;
+        if !k.starts_with(b"u/") {
+            break;
+        }
+        let u = decode_upload(&v)?;
+        match engine.load(u.bucket) {
+            Ok(rec) if rec.kind == FileKind::Dir && rec.nlink > 0 => {}
+            Ok(_) | Err(Error::NotFound) => dead.push(u.id),
+            Err(e) => return Err(e),
+        }
+    }
+    if !dead.is_empty() {
+        let mut batch = WriteBatch::default();
+        for id in &dead {
+            batch.delete_cf(engine.cf(CF_UPLOADS), upload_key(id));
+            let prefix = format!("p/{id}/").into_bytes();
+            for kv in engine.db.iterator_cf(engine.cf(CF_UPLOADS), IteratorMode::From(&prefix, Direction::Forward)) {
+                let (k, _) = kv?;
+                if !k.starts_with(&prefix) {
+                    break;
+                }
+                batch.delete_cf(engine.cf(CF_UPLOADS), k);
+            }
+        }
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        engine.db.write_opt(batch, &wo)?;
+        tracing::info!(count = dead.len(), "dropped multipart uploads of removed buckets");
+    }
     let mut out = HashSet::new();
     for kv in engine.db.iterator_cf(engine.cf(CF_UPLOADS), IteratorMode::From(b"p/", Direction::Forward)) {
         let (k, v) = kv?;
@@ -266,6 +302,19 @@ impl Engine {
     pub fn multipart_abort(&self, caller: &Caller, id: &str) -> Result<()> {
         self.multipart_get(caller, id)?;
         self.drop_upload(id, &HashSet::new())
+    }
+
+    /// Aborts every upload into directory `bucket`, whoever started it; for a bucket that
+    /// has just been removed (its uploads can no longer complete). Returns how many.
+    pub fn multipart_abort_bucket(&self, bucket: Ino) -> Result<usize> {
+        let uploads = self.multipart_list_uploads(&Caller::system(), bucket)?;
+        for u in &uploads {
+            match self.drop_upload(&u.id, &HashSet::new()) {
+                Ok(()) | Err(Error::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(uploads.len())
     }
 
     /// Joins the named parts, in the order given, into the object and publishes it

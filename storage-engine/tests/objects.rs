@@ -53,6 +53,44 @@ fn staged_files_left_by_a_crash_are_reclaimed() {
     assert_eq!(e.statfs(&root()).unwrap().files, 1);
 }
 
+/// A bucket removed with uploads in progress: `multipart_abort_bucket` frees them, and if the
+/// daemon stops before it runs, the next start drops the records and reclaims the parts.
+#[test]
+fn uploads_of_a_removed_bucket_are_freed_now_or_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = root();
+    let upload = |e: &Engine, bucket: Ino, key: &str| {
+        let id = e.multipart_create(&c, bucket, key, vec![]).unwrap();
+        let a = e.multipart_part_begin(&c, &id, 1).unwrap();
+        e.write(&c, a.ino, 0, &bytes(5, 150_000), Stability::Unstable).unwrap();
+        e.multipart_part_finish(&c, &id, 1, a.ino, vec![]).unwrap();
+        id
+    };
+    {
+        let e = open(dir.path());
+        let kept = e.mkdir(&c, ROOT_INO, b"kept", 0o755).unwrap();
+        upload(&e, kept.ino, "stays");
+        let b = e.mkdir(&c, ROOT_INO, b"b1", 0o755).unwrap();
+        upload(&e, b.ino, "x");
+        upload(&e, b.ino, "d/y");
+        e.rmdir(&c, ROOT_INO, b"b1").unwrap();
+        assert_eq!(e.multipart_abort_bucket(b.ino).unwrap(), 2);
+        assert_eq!(e.multipart_abort_bucket(b.ino).unwrap(), 0);
+        assert_eq!(e.multipart_list_uploads(&c, kept.ino).unwrap().len(), 1);
+        // Removed without the abort, then the daemon stops.
+        let b2 = e.mkdir(&c, ROOT_INO, b"b2", 0o755).unwrap();
+        upload(&e, b2.ino, "z");
+        e.rmdir(&c, ROOT_INO, b"b2").unwrap();
+    }
+    let e = open(dir.path());
+    let kept = e.resolve(&c, "/kept").unwrap();
+    let live = e.multipart_list_uploads(&c, kept.ino).unwrap();
+    assert_eq!(live.len(), 1, "the upload into an existing bucket stays");
+    e.multipart_abort(&c, &live[0].id).unwrap();
+    e.sync_metadata().unwrap();
+    assert!(e.drives().iter().all(|d| d.used_bytes == 0), "{:?}", e.drives().iter().map(|d| d.used_bytes).collect::<Vec<_>>());
+}
+
 #[test]
 fn multipart_concatenates_without_copying_and_cleans_up() {
     let dir = tempfile::tempdir().unwrap();

@@ -29,6 +29,7 @@ pub const XATTR_POLICY: &[u8] = b"aquifer.s3.policy";
 pub const XATTR_LIFECYCLE: &[u8] = b"aquifer.s3.lifecycle";
 pub const XATTR_ACL: &[u8] = b"aquifer.s3.acl";
 pub const XATTR_VERSIONING: &[u8] = b"aquifer.s3.versioning";
+pub const XATTR_PARTS: &[u8] = b"aquifer.s3.parts";
 
 /// An ETag together with the data state (size, mtime) it was computed for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +57,37 @@ impl StoredEtag {
             return None;
         }
         Some(StoredEtag { etag, size, mtime_ns })
+    }
+}
+
+/// The sizes of a multipart object's parts, in order (`aquifer.s3.parts`), for GET and HEAD
+/// by `partNumber`. Valid while the file's size and mtime are those recorded, as the ETag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredParts {
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub parts: Vec<u64>,
+}
+
+impl StoredParts {
+    pub fn encode(&self) -> Vec<u8> {
+        let parts: Vec<String> = self.parts.iter().map(|p| p.to_string()).collect();
+        format!("1 {} {} {}", self.size, self.mtime_ns, parts.join(",")).into_bytes()
+    }
+
+    pub fn decode(b: &[u8]) -> Option<StoredParts> {
+        let s = std::str::from_utf8(b).ok()?;
+        let mut it = s.split(' ');
+        if it.next()? != "1" {
+            return None;
+        }
+        let size: u64 = it.next()?.parse().ok()?;
+        let mtime_ns = it.next()?.parse().ok()?;
+        let parts = it.next()?.split(',').map(|p| p.parse().ok()).collect::<Option<Vec<u64>>>()?;
+        if it.next().is_some() || parts.is_empty() || parts.iter().try_fold(0u64, |a, p| a.checked_add(*p))? != size {
+            return None;
+        }
+        Some(StoredParts { size, mtime_ns, parts })
     }
 }
 

@@ -100,21 +100,54 @@ fn new_request_id() -> String {
     format!("{:016X}", rand::random::<u64>())
 }
 
+/// Carries elements an S3 error body has beyond Code, Message and RequestId (which are all
+/// s3s writes) from a handler to [`tag_response`], which moves them into the body.
+const ERROR_DETAIL_HEADER: &str = "x-aquifer-error-detail";
+
+/// Adds `detail` (XML elements, already escaped) to the body of the error `e` answers with.
+pub(crate) fn with_error_detail(mut e: s3s::S3Error, detail: &str) -> s3s::S3Error {
+    if let Ok(v) = http::HeaderValue::from_str(detail) {
+        let mut headers = e.headers().cloned().unwrap_or_default();
+        headers.insert(ERROR_DETAIL_HEADER, v);
+        e.set_headers(headers);
+    }
+    e
+}
+
+/// Escapes text for an XML element's content.
+pub(crate) fn xml_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 fn tag_response(resp: &mut s3s::HttpResponse, id: &str) {
     let Ok(value) = http::HeaderValue::from_str(id) else { return };
     resp.headers_mut().insert("x-amz-request-id", value);
+    let detail = resp.headers_mut().remove(ERROR_DETAIL_HEADER);
     if !(resp.status().is_client_error() || resp.status().is_server_error()) {
         return;
     }
     let Some(body) = resp.body().bytes() else { return };
     const END: &[u8] = b"</Error>";
     let Some(at) = body.windows(END.len()).rposition(|w| w == END) else { return };
-    if body.windows(11).any(|w| w == b"<RequestId>") {
-        return;
-    }
     let mut out = Vec::with_capacity(body.len() + 2 * id.len() + 24);
     out.extend_from_slice(&body[..at]);
-    out.extend_from_slice(format!("<RequestId>{id}</RequestId>").as_bytes());
+    if let Some(d) = &detail {
+        out.extend_from_slice(d.as_bytes());
+        // s3s replaces an error's headers with the ones set on it, its content type too.
+        resp.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/xml"));
+    }
+    if !body.windows(11).any(|w| w == b"<RequestId>") {
+        out.extend_from_slice(format!("<RequestId>{id}</RequestId>").as_bytes());
+    }
     out.extend_from_slice(&body[at..]);
     resp.headers_mut().insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(out.len()));
     *resp.body_mut() = s3s::Body::from(bytes::Bytes::from(out));

@@ -987,6 +987,38 @@ fn content_range(r: &std::ops::Range<u64>, size: u64) -> String {
     format!("bytes {}-{}/{}", r.start, r.end - 1, size)
 }
 
+/// Most parts an object has (as S3).
+const PART_NUMBER_MAX: i32 = 10_000;
+
+/// The bytes of part `n` of an object, for GetObject and HeadObject with `partNumber`, and
+/// its part count when it was uploaded in parts. An object put whole (or rewritten through
+/// another protocol since) is one part. The AWS CRT asks for part 1 of an object it found
+/// empty by a ranged GET.
+fn part_range(engine: &Engine, caller: &Caller, attr: &Attr, etag: &str, n: i32) -> S3Result<(std::ops::Range<u64>, Option<i32>)> {
+    if !(1..=PART_NUMBER_MAX).contains(&n) {
+        return Err(err(S3ErrorCode::InvalidArgument, format!("part number must be an integer between 1 and {PART_NUMBER_MAX}, inclusive")));
+    }
+    let not_satisfiable = || {
+        let mut e = err(S3ErrorCode::Custom("InvalidPartNumber".into()), "the requested part number is not satisfiable");
+        e.set_status_code(http::StatusCode::RANGE_NOT_SATISFIABLE);
+        e
+    };
+    let Some(count) = parts_count(etag) else {
+        return if n == 1 { Ok((0..attr.size, None)) } else { Err(not_satisfiable()) };
+    };
+    let stored = engine
+        .getxattr(caller, attr.ino, XATTR_PARTS)
+        .ok()
+        .and_then(|v| StoredParts::decode(&v))
+        .filter(|p| p.size == attr.size && p.mtime_ns == attr.mtime_ns && p.parts.len() == count as usize)
+        .ok_or_else(|| err(S3ErrorCode::NotImplemented, "this object's part sizes were not recorded when it was completed"))?;
+    if n > count {
+        return Err(not_satisfiable());
+    }
+    let start: u64 = stored.parts[..n as usize - 1].iter().sum();
+    Ok((start..start + stored.parts[n as usize - 1], Some(count)))
+}
+
 fn parts_count(etag: &str) -> Option<i32> {
     etag.rsplit_once('-').and_then(|(_, n)| n.parse().ok()).filter(|n| *n > 0)
 }
@@ -1012,6 +1044,34 @@ fn max_keys(v: Option<i32>) -> S3Result<usize> {
         Some(n) if n < 0 => Err(err(S3ErrorCode::InvalidArgument, "max-keys must not be negative")),
         Some(n) => Ok((n as usize).min(LIST_KEYS_DEFAULT)),
     }
+}
+
+/// An unsatisfiable range, answered as S3 does: `416 InvalidRange` with the range asked for
+/// and the object's size in the error. Clients rely on `ActualObjectSize`: the AWS CRT (under
+/// PyTorch's S3 connector, Mountpoint and the CRT transfer managers) reads every object with
+/// ranged GETs and knows an empty object only by `ActualObjectSize` 0 in that error.
+fn invalid_range(e: impl Into<S3Error>, requested: Option<&http::HeaderValue>, size: u64) -> S3Error {
+    let e = e.into();
+    if *e.code() != S3ErrorCode::InvalidRange {
+        return e;
+    }
+    let requested = requested.and_then(|v| v.to_str().ok()).unwrap_or("");
+    let detail = format!("<RangeRequested>{}</RangeRequested><ActualObjectSize>{size}</ActualObjectSize>", crate::server::xml_escape(requested));
+    crate::server::with_error_detail(e, &detail)
+}
+
+/// Ceph RGW's `allow-unordered=true` listing parameter, which some clients send for speed.
+/// Aquifer's listings are always in key order, which is one of the orders it allows; what
+/// it forbids, a delimiter with it, is refused as RGW refuses it.
+fn check_allow_unordered(uri: &http::Uri, delimiter: Option<&str>) -> S3Result<()> {
+    let unordered = uri.query().unwrap_or("").split('&').any(|p| {
+        let (k, v) = p.split_once('=').unwrap_or((p, ""));
+        k == "allow-unordered" && v.eq_ignore_ascii_case("true")
+    });
+    if unordered && delimiter.is_some() {
+        return Err(err(S3ErrorCode::InvalidArgument, "allow-unordered cannot be combined with a delimiter"));
+    }
+    Ok(())
 }
 
 struct Listing {
@@ -1320,8 +1380,11 @@ impl S3 for AquiferS3 {
                     }
                     Ok(())
                 }
+                // Aquifer answers as S3's us-east-1, the region its GetBucketLocation names:
+                // creating a bucket one already owns succeeds and changes nothing (neither
+                // its contents nor its ACL), so retried and idempotent setups work.
                 Err(Error::Exists) => match engine.lookup(&caller, ROOT_INO, bucket.as_bytes()) {
-                    Ok(a) if a.kind == FileKind::Dir && a.uid == caller.uid => Err(S3Error::new(S3ErrorCode::BucketAlreadyOwnedByYou)),
+                    Ok(a) if a.kind == FileKind::Dir && a.uid == caller.uid => Ok(()),
                     _ => Err(S3Error::new(S3ErrorCode::BucketAlreadyExists)),
                 },
                 // A user who may not create buckets at all still learns that the name is
@@ -1343,13 +1406,14 @@ impl S3 for AquiferS3 {
         blocking(move || {
             let b = bucket_attr(&engine, &caller, &bucket)?;
             let nonempty = || S3Error::new(S3ErrorCode::BucketNotEmpty);
-            if !engine.multipart_list_uploads(&Caller::system(), b.ino).map_err(|e| map_err(e, Missing::Bucket))?.is_empty() {
-                return Err(err(S3ErrorCode::BucketNotEmpty, "the bucket has multipart uploads in progress"));
-            }
             if engine.bucket_has_versions(b.ino).map_err(|e| map_err(e, Missing::Bucket))? {
                 return Err(err(S3ErrorCode::BucketNotEmpty, "the bucket holds object versions or delete markers"));
             }
-            match engine.rmdir(&caller, ROOT_INO, bucket.as_bytes()) {
+            // Multipart uploads in progress do not keep a bucket (as in S3 and RGW): once
+            // the directory is gone they can no longer complete, and they are aborted with
+            // it, whoever started them. A crash in between leaves records the engine drops
+            // at its next start (`upload_parts`).
+            let removed = match engine.rmdir(&caller, ROOT_INO, bucket.as_bytes()) {
                 Ok(()) => Ok(()),
                 Err(Error::NotEmpty) => {
                     // Only empty directories left behind (e.g. made through another
@@ -1361,7 +1425,13 @@ impl S3 for AquiferS3 {
                     engine.rmdir(&caller, ROOT_INO, bucket.as_bytes()).map_err(|e| map_err(e, Missing::Bucket))
                 }
                 Err(e) => Err(map_err(e, Missing::Bucket)),
+            };
+            removed?;
+            if let Err(e) = engine.multipart_abort_bucket(b.ino) {
+                // The bucket is gone; what is left is reclaimed at the next start.
+                tracing::warn!(bucket = %bucket, error = %e, "could not abort the multipart uploads of a removed bucket");
             }
+            Ok(())
         })
         .await?;
         Ok(S3Response::new(DeleteBucketOutput {}))
@@ -1712,8 +1782,8 @@ impl S3 for AquiferS3 {
         let caller = self.caller(&req)?;
         let input = req.input;
         let vid = check_version_id(input.version_id.as_deref())?;
-        if input.part_number.is_some() {
-            return Err(err(S3ErrorCode::NotImplemented, "GET by part number is not supported"));
+        if input.part_number.is_some() && input.range.is_some() {
+            return Err(err(S3ErrorCode::InvalidRequest, "a Range header and partNumber cannot both be given"));
         }
         let engine = self.engine.clone();
         let (e, c, bucket, key) = (engine.clone(), caller.clone(), input.bucket.clone(), input.key.clone());
@@ -1726,10 +1796,18 @@ impl S3 for AquiferS3 {
         };
         conds.check(&view.etag, view.attr.mtime_ns, true)?;
         let size = view.attr.size;
-        let (range, content_range) = match &input.range {
-            None => (0..size, None),
-            Some(r) => {
-                let r = r.check(size)?;
+        let part = match input.part_number {
+            Some(n) => {
+                let (e, c, a, t) = (engine.clone(), caller.clone(), view.attr.clone(), view.etag.clone());
+                Some(blocking(move || part_range(&e, &c, &a, &t, n)).await?)
+            }
+            None => None,
+        };
+        let (range, content_range) = match (&part, &input.range) {
+            (Some((r, _)), _) => (r.clone(), (!r.is_empty()).then(|| content_range(r, size))),
+            (None, None) => (0..size, None),
+            (None, Some(r)) => {
+                let r = r.check(size).map_err(|e| invalid_range(e, req.headers.get(http::header::RANGE), size))?;
                 let cr = content_range(&r, size);
                 (r, Some(cr))
             }
@@ -1751,7 +1829,7 @@ impl S3 for AquiferS3 {
             expires: input.response_expires.or_else(|| expires_of(&meta)),
             metadata: user_metadata(&meta),
             tag_count: (view.tags > 0).then_some(view.tags as i32),
-            parts_count: parts_count(&view.etag),
+            parts_count: part.map_or_else(|| parts_count(&view.etag), |(_, count)| count),
             storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
             version_id: view.version_id,
             ..Default::default()
@@ -1763,9 +1841,12 @@ impl S3 for AquiferS3 {
         let caller = self.caller(&req)?;
         let input = req.input;
         let vid = check_version_id(input.version_id.as_deref())?;
+        if input.part_number.is_some() && input.range.is_some() {
+            return Err(err(S3ErrorCode::InvalidRequest, "a Range header and partNumber cannot both be given"));
+        }
         let engine = self.engine.clone();
-        let (bucket, key) = (input.bucket.clone(), input.key.clone());
-        let view = blocking(move || view_object(&engine, &caller, &bucket, &key, vid.as_deref())).await?;
+        let (e, c, bucket, key) = (engine.clone(), caller.clone(), input.bucket.clone(), input.key.clone());
+        let view = blocking(move || view_object(&e, &c, &bucket, &key, vid.as_deref())).await?;
         let conds = Conditions {
             if_match: input.if_match.as_ref(),
             if_none_match: input.if_none_match.as_ref(),
@@ -1774,15 +1855,24 @@ impl S3 for AquiferS3 {
         };
         conds.check(&view.etag, view.attr.mtime_ns, true)?;
         let size = view.attr.size;
-        let (len, content_range) = match &input.range {
-            None => (size, None),
-            Some(r) => {
-                let r = r.check(size)?;
+        let part = match input.part_number {
+            Some(n) => {
+                let (a, t) = (view.attr.clone(), view.etag.clone());
+                Some(blocking(move || part_range(&engine, &caller, &a, &t, n)).await?)
+            }
+            None => None,
+        };
+        let (len, content_range) = match (&part, &input.range) {
+            (Some((r, _)), _) => (r.end - r.start, (!r.is_empty()).then(|| content_range(r, size))),
+            (None, None) => (size, None),
+            (None, Some(r)) => {
+                let r = r.check(size).map_err(|e| invalid_range(e, req.headers.get(http::header::RANGE), size))?;
                 (r.end - r.start, Some(content_range(&r, size)))
             }
         };
         let meta = view.meta;
-        Ok(S3Response::new(HeadObjectOutput {
+        let tags = view.tags;
+        let mut resp = S3Response::new(HeadObjectOutput {
             content_length: Some(len as i64),
             content_range,
             accept_ranges: Some("bytes".into()),
@@ -1795,11 +1885,17 @@ impl S3 for AquiferS3 {
             cache_control: meta.cache_control.clone(),
             expires: expires_of(&meta),
             metadata: user_metadata(&meta),
-            parts_count: parts_count(&view.etag),
+            parts_count: part.map_or_else(|| parts_count(&view.etag), |(_, count)| count),
             storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
             version_id: view.version_id,
             ..Default::default()
-        }))
+        });
+        // HEAD answers with the headers GET would send (RFC 9110 §9.3.2); S3's model of
+        // HeadObject has no tag count, so it is added here as GetObject sends it.
+        if tags > 0 {
+            resp.headers.insert("x-amz-tagging-count", tags.into());
+        }
+        Ok(resp)
     }
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
@@ -1938,6 +2034,7 @@ impl S3 for AquiferS3 {
         let mut input = req.input;
         // An empty delimiter is no delimiter (and is not echoed).
         input.delimiter = input.delimiter.filter(|d| !d.is_empty());
+        check_allow_unordered(&req.uri, input.delimiter.as_deref())?;
         let max = max_keys(input.max_keys)?;
         let url = input.encoding_type.as_ref().is_some_and(|e| e.as_str() == EncodingType::URL);
         let enc = move |s: String| if url { url_encode(&s) } else { s };
@@ -1981,6 +2078,7 @@ impl S3 for AquiferS3 {
         let mut input = req.input;
         // An empty delimiter is no delimiter (and is not echoed).
         input.delimiter = input.delimiter.filter(|d| !d.is_empty());
+        check_allow_unordered(&req.uri, input.delimiter.as_deref())?;
         let max = max_keys(input.max_keys)?;
         let url = input.encoding_type.as_ref().is_some_and(|e| e.as_str() == EncodingType::URL);
         let enc = move |s: String| if url { url_encode(&s) } else { s };
@@ -2314,8 +2412,10 @@ impl S3 for AquiferS3 {
             check_put_conditions(&engine, &caller, b.ino, &key, if_match.as_ref(), if_none_match.as_ref())?;
             let parts = engine.multipart_list_parts(&caller, &id).map_err(|e| map_err(e, Missing::Upload))?;
             let mut md5s = Md5::new();
+            let mut part_sizes = Vec::with_capacity(wanted.len());
             for (i, (n, tag)) in wanted.iter().zip(&tags_given).enumerate() {
                 let p = parts.iter().find(|p| p.number == *n).ok_or_else(|| err(S3ErrorCode::InvalidPart, format!("part {n} was not uploaded")))?;
+                part_sizes.push(p.size);
                 let stored = String::from_utf8_lossy(&p.tag).into_owned();
                 if tag.as_ref().is_some_and(|t| *t != stored) {
                     return Err(err(S3ErrorCode::InvalidPart, format!("the ETag given for part {n} is not the uploaded part's")));
@@ -2338,6 +2438,8 @@ impl S3 for AquiferS3 {
             // The object is published; its ETag and metadata follow at once. A reader in
             // between computes the MD5 itself.
             save_etag(&engine, attr.ino, &etag, &attr).map_err(|e| map_err(e, Missing::Key))?;
+            let sizes = StoredParts { size: attr.size, mtime_ns: attr.mtime_ns, parts: part_sizes };
+            engine.setxattr(&Caller::system(), attr.ino, XATTR_PARTS, &sizes.encode()).map_err(|e| map_err(e, Missing::Key))?;
             write_object_xattrs(&engine, &caller, attr.ino, &meta, &tags)?;
             Ok((etag, version_id.filter(|_| versioning == Some(VersionMode::Enabled))))
         })

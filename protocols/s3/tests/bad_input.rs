@@ -136,6 +136,47 @@ async fn part_numbers_out_of_range_and_missing_parts_are_refused() {
     s.stop().await;
 }
 
+/// Uploads in progress do not keep a bucket: DeleteBucket removes an otherwise empty bucket,
+/// aborts its uploads (whoever started them) and frees their parts' space. Objects still
+/// keep it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_bucket_aborts_its_multipart_uploads() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/gone", &[], vec![]).await.0, 200);
+    let before = s.used_bytes().await;
+    let (_, body) = s.call("POST", "/gone/dir/big", &[("uploads", "")], vec![]).await;
+    let id = body.split("<UploadId>").nth(1).unwrap().split("</UploadId>").next().unwrap().to_string();
+    let (st, body) = s.call("PUT", "/gone/dir/big", &[("partNumber", "1"), ("uploadId", &id)], vec![9u8; 5 << 20]).await;
+    assert_eq!(st, 200, "{body}");
+    assert!(s.used_bytes().await > before);
+    // An object keeps the bucket, and the refusal aborts nothing.
+    assert_eq!(s.call("PUT", "/gone/obj", &[], b"x".to_vec()).await.0, 200);
+    let (st, body) = s.call("DELETE", "/gone", &[], vec![]).await;
+    assert_eq!((st, error_code(&body)), (409, "BucketNotEmpty"), "{body}");
+    let (_, body) = s.call("GET", "/gone", &[("uploads", "")], vec![]).await;
+    assert!(body.contains(&id), "{body}");
+    assert_eq!(s.call("DELETE", "/gone/obj", &[], vec![]).await.0, 204);
+    let (st, body) = s.call("DELETE", "/gone", &[], vec![]).await;
+    assert_eq!(st, 204, "{body}");
+    assert_eq!(s.call("HEAD", "/gone", &[], vec![]).await.0, 404);
+    let (st, body) = s.call("PUT", "/gone/dir/big", &[("partNumber", "2"), ("uploadId", &id)], b"late".to_vec()).await;
+    assert!(st == 404, "{st} {body}");
+    // A bucket of the same name starts without them, and their space is free.
+    assert_eq!(s.call("PUT", "/gone", &[], vec![]).await.0, 200);
+    let (_, body) = s.call("GET", "/gone", &[("uploads", "")], vec![]).await;
+    assert!(!body.contains("<Upload>"), "{body}");
+    let mut used = s.used_bytes().await;
+    for _ in 0..100 {
+        if used == before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        used = s.used_bytes().await;
+    }
+    assert_eq!(used, before);
+    s.stop().await;
+}
+
 /// The head of a signed HTTP/1.1 PUT of `body` to `path`, with `extra` header lines, for
 /// tests that write the request to a socket themselves.
 fn signed_put_head(s: &common::Server, path: &str, body: &[u8], extra: &str) -> String {

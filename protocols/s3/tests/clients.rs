@@ -1,4 +1,5 @@
-//! Real S3 clients against the adapter: boto3 and the AWS CLI (and rclone), each run as a
+//! Real S3 clients against the adapter: boto3, PyTorch's S3 connector client, the AWS CLI,
+//! rclone, s3cmd and MinIO's SDK, each run as a
 //! script from here against an in-process server. A missing client fails the test with the
 //! package to install (scripts/deps.sh installs them in CI).
 
@@ -36,6 +37,19 @@ async fn boto3_suite_passes() {
     require("python3", &["-c", "import boto3"], "boto3 (pip install boto3)");
     let s = start().await;
     run(&s, "python3", &[script("boto3_suite.py").to_str().unwrap()]).await;
+    s.stop().await;
+}
+
+/// The client under PyTorch's S3 connector (Mountpoint's S3 client on the AWS CRT).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3torchconnector_client_suite_passes() {
+    require(
+        "python3",
+        &["-c", "import boto3, s3torchconnectorclient"],
+        "s3torchconnectorclient and boto3 (pip install s3torchconnectorclient==1.5.0 boto3)",
+    );
+    let s = start().await;
+    run(&s, "python3", &[script("s3torch_suite.py").to_str().unwrap()]).await;
     s.stop().await;
 }
 
