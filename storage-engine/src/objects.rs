@@ -124,22 +124,10 @@ pub(crate) fn upload_parts(engine: &Engine) -> Result<HashSet<Ino>> {
             Err(e) => return Err(e),
         }
     }
+    for id in &dead {
+        engine.drop_upload(id, &HashSet::new())?;
+    }
     if !dead.is_empty() {
-        let mut batch = WriteBatch::default();
-        for id in &dead {
-            batch.delete_cf(engine.cf(CF_UPLOADS), upload_key(id));
-            let prefix = format!("p/{id}/").into_bytes();
-            for kv in engine.db.iterator_cf(engine.cf(CF_UPLOADS), IteratorMode::From(&prefix, Direction::Forward)) {
-                let (k, _) = kv?;
-                if !k.starts_with(&prefix) {
-                    break;
-                }
-                batch.delete_cf(engine.cf(CF_UPLOADS), k);
-            }
-        }
-        let mut wo = WriteOptions::default();
-        wo.set_sync(true);
-        engine.db.write_opt(batch, &wo)?;
         tracing::info!(count = dead.len(), "dropped multipart uploads of removed buckets");
     }
     let mut out = HashSet::new();
