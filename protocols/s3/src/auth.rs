@@ -69,19 +69,13 @@ pub(crate) fn bucket_visibility(engine: &Engine, bucket: &str) -> BucketVisibili
     }
 }
 
-/// Operations an anonymous client may run on a public-read bucket.
-const ANONYMOUS_READS: &[&str] = &[
-    "GetObject",
-    "HeadObject",
-    "HeadBucket",
-    "ListObjects",
-    "ListObjectsV2",
-    "GetBucketLocation",
-    "GetObjectAttributes",
-];
+/// Operations on a bucket an anonymous client may run on a bucket marked public-read. As
+/// in S3, a bucket's `public-read` opens its listing, not its objects: an object is read by
+/// everyone only when it is public-read itself (or its ACL or the bucket policy says so).
+const ANONYMOUS_READS: &[&str] = &["HeadBucket", "ListObjects", "ListObjectsV2", "GetBucketLocation"];
 
 /// Operations on one object an anonymous client may run on an object marked public-read
-/// (PutObject or PutObjectAcl with `public-read`) in a private bucket.
+/// (PutObject or PutObjectAcl with `public-read`), whatever its bucket's ACL.
 const OBJECT_READS: &[&str] = &["GetObject", "HeadObject", "GetObjectAttributes"];
 
 /// Whether `key` in `bucket` is an object marked public-read.
@@ -397,7 +391,7 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
         // A client may copy only what it may read.
         if !source_allowed {
             match &me {
-                None if bucket_visibility(engine, sb) != BucketVisibility::PublicRead && !object_is_public(engine, sb, sk) => {
+                None if !object_is_public(engine, sb, sk) => {
                     return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused"));
                 }
                 None => {}
@@ -560,7 +554,7 @@ fn object_file(engine: &Engine, bucket: &str, key: &str) -> Option<storage_engin
 /// and objects.
 fn anonymous_check(engine: &Engine, bucket: &str, key: Option<&str>, op: &str) -> S3Result<()> {
     let visibility = bucket_visibility(engine, bucket);
-    if key.is_some() && OBJECT_READS.contains(&op) && visibility == BucketVisibility::Private && key.is_some_and(|k| object_is_public(engine, bucket, k)) {
+    if OBJECT_READS.contains(&op) && key.is_some_and(|k| object_is_public(engine, bucket, k)) {
         return Ok(());
     }
     // As S3: a bucket that does not exist is NoSuchBucket for anyone (bucket names are

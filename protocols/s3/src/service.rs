@@ -1341,6 +1341,11 @@ impl S3 for AquiferS3 {
                         continue;
                     }
                     let Ok(a) = engine.getattr(&caller, e.ino) else { continue };
+                    // As S3: a user's list names the buckets that user owns (an
+                    // administrator's names them all), not every directory it could see.
+                    if a.uid != caller.uid && !is_admin(&caller) {
+                        continue;
+                    }
                     out.push(Bucket { name: Some(name), creation_date: Some(timestamp(a.btime_ns)), bucket_region: None });
                 }
                 match page.next_cursor {

@@ -218,9 +218,14 @@ async fn authenticated_read_admits_signed_users_only_and_public_read_write_admit
     // public-read-write: anonymous clients read and write (as the bucket owner).
     let res = s.signed("PUT", "/pubrw", &[], vec![]).header("x-amz-acl", "public-read-write").send().await.unwrap();
     assert_eq!(res.status().as_u16(), 200);
-    let res = s.http.put(format!("{}/pubrw/anon", s.endpoint())).body("anonymous").send().await.unwrap();
+    let res = s.http.put(format!("{}/pubrw/anon", s.endpoint())).header("x-amz-acl", "public-read").body("anonymous").send().await.unwrap();
     assert_eq!(res.status().as_u16(), 200);
     assert_eq!(anon("/pubrw/anon").await.unwrap().text().await.unwrap(), "anonymous");
+    // Without an ACL of its own, an object is private whatever its bucket's ACL (as S3).
+    let res = s.http.put(format!("{}/pubrw/closed", s.endpoint())).body("closed").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(anon("/pubrw/closed").await.unwrap().status().as_u16(), 403);
+    assert_eq!(s.call("GET", "/pubrw/closed", &[], vec![]).await, (200, "closed".to_string()));
     assert_eq!(anon("/pubrw?list-type=2").await.unwrap().status().as_u16(), 200);
     assert_eq!(s.http.delete(format!("{}/pubrw/anon", s.endpoint())).send().await.unwrap().status().as_u16(), 204);
     let (_, acl) = s.call("GET", "/pubrw", &[("acl", "")], vec![]).await;
@@ -302,13 +307,15 @@ async fn buckets_are_private_to_their_owner_without_grants() {
     assert_eq!((code, body.as_str()), (200, "alice's"));
     assert_eq!(bob.req(&s, "GET", "/mine/data/o", &[], vec![]).await.0, 403, "the source keeps its own ACL");
 
-    // A public-read bucket is readable by every signed-in user too.
+    // A public-read bucket's listing is open to every signed-in user too; its objects are
+    // not, unless they are public-read themselves (as S3).
     assert_eq!(s.call("PUT", "/mine", &[("acl", "")], vec![]).await.0, 400, "an ACL needs a body or a header");
     let res = s.signed("PUT", "/mine", &[("acl", "")], vec![]).header("x-amz-acl", "public-read").send().await.unwrap();
     assert_eq!(res.status().as_u16(), 200);
-    let (code, body) = bob.req(&s, "GET", "/mine/data/o", &[], vec![]).await;
-    assert_eq!((code, body.as_str()), (200, "alice's"));
     assert_eq!(bob.req(&s, "GET", "/mine", &[("list-type", "2")], vec![]).await.0, 200);
+    assert_eq!(bob.req(&s, "GET", "/mine/data/o", &[], vec![]).await.0, 403, "an object without an ACL stays private");
+    let (code, body) = bob.req(&s, "GET", "/mine/pubcopy", &[], vec![]).await;
+    assert_eq!((code, body.as_str()), (200, "alice's"));
     assert_eq!(bob.req(&s, "PUT", "/mine/new", &[], b"bob's".to_vec()).await.0, 403, "public-read is no right to write");
     s.stop().await;
 }

@@ -31,6 +31,14 @@ async fn anonymous_reads_need_a_public_read_bucket() {
     assert_eq!(error_code(&res.text().await.unwrap()), "AccessDenied");
     let res = s.signed("PUT", "/pub", &[("acl", "")], vec![]).header("x-amz-acl", "public-read").send().await.unwrap();
     assert_eq!(res.status().as_u16(), 200, "{}", res.text().await.unwrap());
+    // The bucket's public-read opens its listing; an object needs its own (as S3).
+    let res = s.http.get(format!("{}/pub?list-type=2", s.endpoint())).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert!(res.text().await.unwrap().contains("<Key>hello.txt</Key>"));
+    let res = s.http.get(&url).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 403, "an object without an ACL is private in a public-read bucket");
+    let res = s.signed("PUT", "/pub/hello.txt", &[("acl", "")], vec![]).header("x-amz-acl", "public-read").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
     let res = s.http.get(&url).send().await.unwrap();
     assert_eq!(res.status().as_u16(), 200);
     assert_eq!(res.text().await.unwrap(), "hi");
@@ -253,7 +261,7 @@ async fn multipart_canned_acl_private_is_owner_only_and_others_are_refused() {
     }
     let anon = |key: &str| s.http.get(format!("{}/pub/{key}", s.endpoint())).send();
     assert_eq!(anon("secret").await.unwrap().status().as_u16(), 403, "a private multipart object is not anonymously readable");
-    assert_eq!(anon("open").await.unwrap().status().as_u16(), 200, "without an ACL the bucket's public-read applies");
+    assert_eq!(anon("open").await.unwrap().status().as_u16(), 403, "without an ACL of its own an object is private, as in S3");
     assert_eq!(s.call("GET", "/pub/secret", &[], vec![]).await, (200, "payload".to_string()), "its owner reads it");
     let modes = s
         .with_engine(|e| {
