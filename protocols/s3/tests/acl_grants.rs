@@ -300,6 +300,13 @@ async fn buckets_are_private_to_their_owner_without_grants() {
     let (code, body) = bob.req(&s, "GET", "/mine/data/bobs", &[], vec![]).await;
     assert_eq!((code, body.as_str()), (200, "bob's file"));
 
+    // ListBuckets names one's own buckets only, as S3.
+    let (code, list) = bob.req(&s, "GET", "/", &[], vec![]).await;
+    assert_eq!(code, 200, "{list}");
+    assert!(list.contains("<ListAllMyBucketsResult") && !list.contains("<Name>mine</Name>"), "{list}");
+    let (code, list) = s.call("GET", "/", &[], vec![]).await;
+    assert!(code == 200 && list.contains("<Name>mine</Name>"), "{list}");
+
     // A copy takes the ACL its request gives: public-read makes it readable to bob.
     let res = s.signed("PUT", "/mine/pubcopy", &[], vec![]).header("x-amz-copy-source", "/mine/data/o").header("x-amz-acl", "public-read").send().await.unwrap();
     assert_eq!(res.status().as_u16(), 200);
