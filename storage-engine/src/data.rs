@@ -61,28 +61,72 @@ impl Chunks {
             b = &b[n..];
         }
     }
+}
 
-    fn zeros(&mut self, mut n: usize) {
+/// Zeros that [`ReadBytes`] of holes point into.
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+
+/// Bytes of a read where they lie: a slice of the buffer one drive request read into (the
+/// pieces of one request share it), zeros, or a buffer of their own (inline data,
+/// reconstructed or overlaid bytes). Cloning shares the buffer; a protocol can send a reply
+/// straight from it instead of copying the bytes into one buffer first.
+#[derive(Clone)]
+pub struct ReadBytes {
+    buf: Arc<Backing>,
+    range: std::ops::Range<usize>,
+}
+
+enum Backing {
+    Drive(AlignedBuf),
+    Owned(Vec<u8>),
+    Zeros,
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Drive(b) => b,
+            Backing::Owned(v) => v,
+            Backing::Zeros => &ZEROS,
+        }
+    }
+}
+
+impl ReadBytes {
+    /// `n` zero bytes, in pieces of at most 1 MiB (they all point at one static block).
+    fn zeros(mut n: usize, out: &mut Vec<ReadBytes>) {
+        let zeros = Arc::new(Backing::Zeros);
         while n > 0 {
-            let chunk = self.chunk;
-            let c = self.room();
-            let k = (chunk - c.len()).min(n);
-            c.resize(c.len() + k, 0);
-            self.len += k;
+            let k = n.min(ZEROS.len());
+            out.push(ReadBytes { buf: zeros.clone(), range: 0..k });
             n -= k;
         }
     }
 
-    fn truncate(&mut self, to: usize) {
-        while self.len > to {
-            let last = self.chunks.last_mut().expect("bytes are in chunks");
-            let drop = (self.len - to).min(last.len());
-            last.truncate(last.len() - drop);
-            self.len -= drop;
-            if last.is_empty() {
-                self.chunks.pop();
-            }
-        }
+    /// The bytes `range` of these (relative to their start), sharing the buffer.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> ReadBytes {
+        assert!(range.start <= range.end && range.end <= self.len(), "slice past the bytes");
+        ReadBytes { buf: self.buf.clone(), range: self.range.start + range.start..self.range.start + range.end }
+    }
+}
+
+impl From<Vec<u8>> for ReadBytes {
+    fn from(v: Vec<u8>) -> ReadBytes {
+        let n = v.len();
+        ReadBytes { buf: Arc::new(Backing::Owned(v)), range: 0..n }
+    }
+}
+
+impl std::ops::Deref for ReadBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf.bytes()[self.range.clone()]
+    }
+}
+
+impl std::fmt::Debug for ReadBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadBytes").field("len", &self.len()).finish_non_exhaustive()
     }
 }
 
@@ -724,11 +768,9 @@ impl DataStore {
     /// piece by piece; a piece whose drive is missing, fails or returns bad data is read
     /// again alone through [`read_range`](Self::read_range), which reconstructs it.
     ///
-    /// The bytes come in buffers of `chunk_bytes` each (the last one shorter), so a read of
-    /// many stripes needs no buffer as large as itself (one above the allocator's mmap
-    /// threshold is mapped, faulted in page by page and unmapped on every read).
-    pub fn read_many_chunked(&self, pieces: &[ReadPiece<'_>], chunk_bytes: usize) -> Result<Vec<Vec<u8>>> {
-        assert!(chunk_bytes > 0, "chunks hold at least one byte");
+    /// The bytes are answered where they lie: slices of the drive requests' buffers, in
+    /// order, with no copy (see [`ReadBytes`]).
+    pub fn read_many_shared(&self, pieces: &[ReadPiece<'_>]) -> Result<Vec<ReadBytes>> {
         let sb_of = |rec: &StripeRec| rec.shard_bytes as u64;
         let cb = CHECKSUM_BLOCK_BYTES as u64;
         let total: usize = pieces.iter().map(|p| p.len()).sum();
@@ -797,22 +839,24 @@ impl DataStore {
         }
         let mut pending: Vec<Option<IoCompletion<AlignedBuf>>> =
             runs.iter().map(|(p, start, n)| self.device(p).map(|(dev, _)| dev.read(*start, *n as usize))).collect();
-        let mut done: Vec<Option<std::result::Result<AlignedBuf, ()>>> = (0..runs.len()).map(|_| None).collect();
+        let mut done: Vec<Option<std::result::Result<Arc<Backing>, ()>>> = (0..runs.len()).map(|_| None).collect();
         // Parts of each piece in stripe order (they were pushed so).
         let mut parts_of: Vec<Vec<usize>> = vec![Vec::new(); pieces.len()];
         for (j, part) in parts.iter().enumerate() {
             parts_of[part.piece].push(j);
         }
-        let mut out = Chunks::new(total, chunk_bytes);
+        let mut out: Vec<ReadBytes> = Vec::with_capacity(parts.len() + pieces.len());
+        let mut out_len = 0usize;
         for (i, piece) in pieces.iter().enumerate() {
             let (rec, offset, len) = match piece {
                 ReadPiece::Zeros(n) => {
-                    out.zeros(*n);
+                    ReadBytes::zeros(*n, &mut out);
+                    out_len += n;
                     continue;
                 }
                 ReadPiece::Stripe { rec, offset, len } => (*rec, *offset, *len),
             };
-            let start = out.len();
+            let (start, start_len) = (out.len(), out_len);
             let mut ok = direct[i];
             for &j in &parts_of[i] {
                 if !ok {
@@ -822,7 +866,7 @@ impl DataStore {
                 let (r, at) = run_of[j];
                 if done[r].is_none() {
                     done[r] = Some(match pending[r].take().map(|c| c.wait()) {
-                        Some(Ok(buf)) => Ok(buf),
+                        Some(Ok(buf)) => Ok(Arc::new(Backing::Drive(buf))),
                         Some(Err(e)) => {
                             self.note_io_error(runs[r].0.drive, "read", &e);
                             Err(())
@@ -834,7 +878,8 @@ impl DataStore {
                     ok = false;
                     break;
                 };
-                let bytes = &buf[at as usize..(at + part.b - part.a) as usize];
+                let run_buf = buf.clone();
+                let bytes = &buf.bytes()[at as usize..(at + part.b - part.a) as usize];
                 let blocks = rec.checksum_blocks();
                 let first = (part.a / cb) as usize;
                 let good = bytes.chunks(cb as usize).enumerate().all(|(k, chunk)| crc32c::crc32c(chunk) == rec.crcs[part.shard * blocks + first + k]);
@@ -846,14 +891,32 @@ impl DataStore {
                     ok = false;
                     break;
                 }
-                let src = (part.from - part.shard as u64 * sb_of(rec) - part.a) as usize;
-                out.extend(&bytes[src..src + (part.to - part.from) as usize]);
+                let src = at as usize + (part.from - part.shard as u64 * sb_of(rec) - part.a) as usize;
+                let n = (part.to - part.from) as usize;
+                out.push(ReadBytes { buf: run_buf, range: src..src + n });
+                out_len += n;
             }
             if !ok {
                 out.truncate(start);
-                out.extend(&self.read_range(rec, offset, len)?);
+                out.push(self.read_range(rec, offset, len)?.into());
+                out_len = start_len + len;
             }
-            debug_assert_eq!(out.len() - start, len, "a piece is read whole");
+            debug_assert_eq!(out[start..].iter().map(|b| b.len()).sum::<usize>(), len, "a piece is read whole");
+        }
+        debug_assert_eq!(out_len, total);
+        Ok(out)
+    }
+
+    /// [`read_many_shared`](Self::read_many_shared) with the bytes copied into buffers of
+    /// `chunk_bytes` each (the last one shorter), so a read of many stripes needs no buffer
+    /// as large as itself (one above the allocator's mmap threshold is mapped, faulted in
+    /// page by page and unmapped on every read).
+    pub fn read_many_chunked(&self, pieces: &[ReadPiece<'_>], chunk_bytes: usize) -> Result<Vec<Vec<u8>>> {
+        assert!(chunk_bytes > 0, "chunks hold at least one byte");
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        let mut out = Chunks::new(total, chunk_bytes);
+        for b in self.read_many_shared(pieces)? {
+            out.extend(&b);
         }
         debug_assert_eq!(out.len(), total);
         Ok(out.chunks)

@@ -14,7 +14,7 @@ use hardware::{BlockDevice, DriveOpenOptions};
 use parking_lot::Mutex;
 use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch, WriteOptions};
 
-use crate::data::{DataStore, DriveInfo, DriveSlot, DriveState, Pool, ReadPiece, Superblock};
+use crate::data::{DataStore, DriveInfo, DriveSlot, DriveState, Pool, ReadBytes, ReadPiece, Superblock};
 use crate::ec::Codec;
 use crate::error::{Error, NameProblem, Result};
 use crate::records::*;
@@ -895,30 +895,88 @@ impl Engine {
                 }
                 Ok(split_chunks(out, chunk_bytes))
             }
-            Storage::Extents => {
-                // Several stripes (and holes) in one go: the data store reads them all at
-                // once, shards that lie back to back on a drive with one request.
-                let stripes = extents.into_iter().map(|(o, e)| Ok((o, e, self.load_stripe(e.stripe_id)?))).collect::<Result<Vec<_>>>()?;
-                let mut pieces = Vec::with_capacity(stripes.len() * 2 + 1);
-                let mut pos = offset;
-                for (eoff, ext, stripe) in &stripes {
-                    let a = (*eoff).max(offset);
-                    let b = (eoff + ext.len).min(end);
-                    if a < pos {
-                        return Err(Error::Corrupt(format!("inode {ino}: extents overlap at {a}")));
-                    }
-                    if a > pos {
-                        pieces.push(ReadPiece::Zeros((a - pos) as usize));
-                    }
-                    pieces.push(ReadPiece::Stripe { rec: stripe, offset: ext.stripe_offset + (a - eoff), len: (b - a) as usize });
-                    pos = b;
-                }
-                if pos < end {
-                    pieces.push(ReadPiece::Zeros((end - pos) as usize));
-                }
-                self.data.read_many_chunked(&pieces, chunk_bytes)
+            Storage::Extents => self.with_pieces(ino, extents, offset, end, |pieces| self.data.read_many_chunked(pieces, chunk_bytes)),
+        }
+    }
+
+    /// Calls `f` with the pieces (stripe ranges and holes) that make up `[offset, end)` of
+    /// `ino`, given the extents overlapping it: the data store reads them all at once, shards
+    /// that lie back to back on a drive with one request.
+    fn with_pieces<T>(&self, ino: Ino, extents: Vec<(u64, ExtentRec)>, offset: u64, end: u64, f: impl FnOnce(&[ReadPiece<'_>]) -> Result<T>) -> Result<T> {
+        let stripes = extents.into_iter().map(|(o, e)| Ok((o, e, self.load_stripe(e.stripe_id)?))).collect::<Result<Vec<_>>>()?;
+        let mut pieces = Vec::with_capacity(stripes.len() * 2 + 1);
+        let mut pos = offset;
+        for (eoff, ext, stripe) in &stripes {
+            let a = (*eoff).max(offset);
+            let b = (eoff + ext.len).min(end);
+            if a < pos {
+                return Err(Error::Corrupt(format!("inode {ino}: extents overlap at {a}")));
+            }
+            if a > pos {
+                pieces.push(ReadPiece::Zeros((a - pos) as usize));
+            }
+            pieces.push(ReadPiece::Stripe { rec: stripe, offset: ext.stripe_offset + (a - eoff), len: (b - a) as usize });
+            pos = b;
+        }
+        if pos < end {
+            pieces.push(ReadPiece::Zeros((end - pos) as usize));
+        }
+        f(&pieces)
+    }
+
+    /// `read` answered where the bytes lie: slices of the buffers the drives read into, in
+    /// order, tiling what was read (nothing past the end of the file). For protocols that send
+    /// large reads from the buffers (NFS READ from its read-ahead windows) instead of copying
+    /// them into one first. A piece is sliced out of a drive request that may be larger (up to
+    /// four stripes' shards on one drive), and keeps that whole buffer alive while it lives.
+    /// Bytes still in the file's write buffer are overlaid on copies of the pieces they touch.
+    pub fn read_shared(&self, caller: &Caller, ino: Ino, offset: u64, len: usize) -> Result<Vec<ReadBytes>> {
+        let rec = self.load(ino)?;
+        match rec.kind {
+            FileKind::File => {}
+            FileKind::Dir => return Err(Error::IsDir),
+            FileKind::Symlink => return Err(Error::InvalidArgument("read of a symlink".into())),
+            k => return Err(Error::InvalidArgument(format!("read of a special file ({k:?})"))),
+        }
+        check(caller, &rec, R)?;
+        if !caller.is_portal() {
+            if let Some(stub) = self.remote_stub(ino)? {
+                let v = self.read_mirror(caller, ino, stub, offset, len)?;
+                return Ok(if v.is_empty() { Vec::new() } else { vec![v.into()] });
             }
         }
+        let buf = self.buffer_of(ino);
+        let _committing = buf.as_ref().map(|b| b.commit.read());
+        let guard = buf.as_ref().map(|b| b.state.lock());
+        // Reload under the buffer lock: a flush may have committed meanwhile.
+        let rec = if guard.is_some() { self.load(ino)? } else { rec };
+        let size = match &guard {
+            Some(b) if !b.is_empty() => rec.size.max(b.size),
+            _ => rec.size,
+        };
+        if offset >= size || len == 0 {
+            return Ok(Vec::new());
+        }
+        let end = size.min(offset.saturating_add(len as u64));
+        let mut out = match rec.storage {
+            Storage::Inline => self.read_committed_chunks(ino, &rec, offset, (end - offset) as usize, usize::MAX)?.into_iter().map(ReadBytes::from).collect(),
+            Storage::Extents => {
+                let extents = self.extents_overlapping(ino, offset, end)?;
+                self.with_pieces(ino, extents, offset, end, |pieces| self.data.read_many_shared(pieces))?
+            }
+        };
+        if let Some(b) = &guard
+            && !b.is_empty()
+        {
+            let mut at = offset;
+            for piece in &mut out {
+                let mut v = piece.to_vec();
+                b.overlay(at, &mut v);
+                at += v.len() as u64;
+                *piece = v.into();
+            }
+        }
+        Ok(out)
     }
 
     /// Extents of `ino` overlapping [from, to), in offset order.

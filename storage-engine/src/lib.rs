@@ -19,7 +19,7 @@ mod types;
 mod versions;
 mod writebuf;
 
-pub use data::{DriveCounters, DriveInfo, DriveState};
+pub use data::{DriveCounters, DriveInfo, DriveState, ReadBytes};
 pub use engine::{Clock, DriveConfig, DriveWrapper, Engine, EngineConfig, Health, PoolConfig, PoolInfo, SystemClock};
 pub use error::{Error, NameProblem, Result};
 pub use identity::{GroupInfo, NewUser, PASSWORD_BYTES_MIN, S3KeyInfo, TokenInfo, UserInfo, UserUpdate};

@@ -270,9 +270,10 @@ fn holes_between_stripes_read_as_zeros() {
     assert!(got[500_000..] == b[..]);
 }
 
-/// `read_chunks` answers what `read` does, in buffers of the asked size: across stripes,
-/// holes, bytes still in the write buffer, a corrupt drive, and the end of the file; and a
-/// large read stays one request per drive run.
+/// `read_chunks` answers what `read` does, in buffers of the asked size, and `read_shared`
+/// the same bytes where the drives read them: across stripes, holes, bytes still in the write
+/// buffer, a corrupt drive, and the end of the file; and a large read stays one request per
+/// drive run.
 #[test]
 fn read_chunks_is_read_in_buffers_of_the_asked_size() {
     let dir = tempfile::tempdir().unwrap();
@@ -296,6 +297,9 @@ fn read_chunks_is_read_in_buffers_of_the_asked_size() {
             assert!(!last.is_empty() && last.len() <= chunk);
         }
         assert!(parts.concat() == whole, "read_chunks({off}, {len}, {chunk}) differs from read");
+        let shared = e.read_shared(&c, f.ino, off, len).unwrap();
+        assert!(shared.iter().all(|p| !p.is_empty()), "no empty pieces");
+        assert!(shared.iter().flat_map(|p| p.iter().copied()).eq(whole.iter().copied()), "read_shared({off}, {len}) differs from read");
         whole
     };
     for chunk in [1usize << 20, 65_536, 100_000, 4_096, 7_777] {
@@ -310,7 +314,12 @@ fn read_chunks_is_read_in_buffers_of_the_asked_size() {
     }
     assert!(e.read_chunks(&c, f.ino, size as u64, 100, 4096).unwrap().is_empty(), "nothing past the end");
     assert!(e.read_chunks(&c, f.ino, 0, 0, 4096).unwrap().is_empty());
+    assert!(e.read_shared(&c, f.ino, size as u64, 100).unwrap().is_empty(), "nothing past the end");
+    assert!(e.read_shared(&c, f.ino, 0, 0).unwrap().is_empty());
     e.close(&c, f.ino).unwrap();
+    // Committed now: the pieces are slices of the drive reads, one per shard piece.
+    let cat = |v: Vec<storage_engine::ReadBytes>| v.iter().flat_map(|p| p.iter().copied()).collect::<Vec<u8>>();
+    assert!(cat(e.read_shared(&c, f.ino, 0, size).unwrap()) == check(0, size, 65_536));
 
     let reads = |ctl: &parking_lot::Mutex<Vec<FaultControl>>| ctl.lock().iter().map(|c| c.reads_seen()).sum::<u64>();
     let before = reads(&ctl);
@@ -320,4 +329,6 @@ fn read_chunks_is_read_in_buffers_of_the_asked_size() {
     assert!((1..=6).contains(&made), "{made} drive reads for 11 stripes read in 64 KiB buffers");
     ctl.lock()[1].corrupt_reads_in(0..u64::MAX);
     assert!(e.read_chunks(&c, f.ino, 0, 700_000, 65_536).unwrap().concat() == a, "a corrupt run is reconstructed");
+    assert!(cat(e.read_shared(&c, f.ino, 0, 700_000).unwrap()) == a, "a corrupt run is reconstructed for read_shared too");
+    assert!(cat(e.read_shared(&c, f.ino, 650_000, 300_000).unwrap()) == check(650_000, 300_000, 4_096), "and across the hole");
 }

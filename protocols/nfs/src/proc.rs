@@ -459,20 +459,19 @@ async fn read(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     let (engine, caller, ino, off) = (ctx.engine(), ctx.caller.clone(), attr.ino, a.offset);
     // From a window read ahead, under the attributes just loaded (unchanged since it was read).
     let r = match state.readahead.read(&engine, &caller, &attr, off, count).await {
-        Some((window, chunk, range)) => Ok((window, chunk, range, attr.clone())),
+        Some(bytes) => Ok((bytes, attr.clone())),
         None => {
             blocking(move || {
                 let data = if count == 0 { Vec::new() } else { engine.read(&caller, ino, off, count)? };
                 let after = engine.getattr(&caller, ino)?;
-                let n = data.len();
-                Ok((Arc::new(vec![data]), 0, 0..n, after))
+                Ok((data.into(), after))
             })
             .await
         }
     };
     match r {
-        Ok((buffers, index, range, after)) => {
-            let data = ReplyData { buffers, index, range };
+        Ok((bytes, after)) => {
+            let data = ReplyData(bytes);
             let n = data.bytes().len();
             let eof = off.saturating_add(n as u64) >= after.size;
             // The data is the reply's last field: packed empty here, and sent from the

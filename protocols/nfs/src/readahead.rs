@@ -11,29 +11,29 @@
 //!
 //! Windows are 16 MiB, four stripes of the default geometry: the engine reads shards that lie
 //! back to back on a drive with one request, and the disks measured move far more with 4 MiB
-//! requests than with 1 MiB ones. Their bytes come in 4 MiB buffers (below the allocator's
-//! mmap threshold), and all windows together hold at most [`READAHEAD_BYTES_MAX`].
+//! requests than with 1 MiB ones. A window keeps the bytes where the drives read them
+//! ([`Engine::read_shared`]), and a READ inside one piece of it is answered from there: the
+//! data is copied once on its way out, into the socket. All windows together hold at most
+//! [`READAHEAD_BYTES_MAX`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use storage_engine::{Attr, Caller, Engine, Ino};
+use storage_engine::{Attr, Caller, Engine, Ino, ReadBytes};
 use tokio::sync::watch;
 
 /// Bytes read ahead in one engine call.
 const WINDOW_BYTES: u64 = 16 << 20;
 /// Windows kept in flight ahead of the reader.
 const WINDOWS_AHEAD: u64 = 3;
-/// A window's bytes come in buffers of this size.
-const CHUNK_BYTES: usize = 4 << 20;
 /// Files with readahead state; the least recently used is dropped beyond this.
 const FILES_MAX: usize = 32;
 /// Bytes all windows together may hold (read or being read); beyond it, the windows of the
 /// least recently read other files are dropped, and failing that no window is started.
 const READAHEAD_BYTES_MAX: u64 = 384 << 20;
 
-/// A window's bytes once read: buffers of [`CHUNK_BYTES`] each (the last one shorter).
-type Filled = Option<Option<Arc<Vec<Vec<u8>>>>>;
+/// A window's bytes once read, in order from its start (`None` inside: the read failed).
+type Filled = Option<Option<Arc<Vec<ReadBytes>>>>;
 
 struct Window {
     start: u64,
@@ -64,8 +64,8 @@ fn stamp(a: &Attr) -> (u64, i64, i64) {
 impl Readahead {
     /// Serves `[off, off + count)` of the file `attr` from a window when one covers it, and
     /// schedules windows ahead of a sequential reader. `None`: read it directly.
-    /// The answer is the window's buffers, the one that holds the read and the range of it.
-    pub(crate) async fn read(&self, engine: &Arc<Engine>, caller: &Caller, attr: &Attr, off: u64, count: usize) -> Option<(Arc<Vec<Vec<u8>>>, usize, std::ops::Range<usize>)> {
+    /// The answer shares the window's buffer when one piece of the window holds the read.
+    pub(crate) async fn read(&self, engine: &Arc<Engine>, caller: &Caller, attr: &Attr, off: u64, count: usize) -> Option<ReadBytes> {
         let end = attr.size.min(off.saturating_add(count as u64));
         if off >= end {
             return None;
@@ -120,26 +120,7 @@ impl Readahead {
         };
         let (start, mut rx) = rx?;
         let filled = rx.wait_for(|v| v.is_some()).await.ok()?.clone().flatten()?;
-        // The buffer of the window that holds the whole read, and the range of it to answer
-        // with: the reply is sent straight from the window, without a copy of its own. A read
-        // across two buffers (READ sizes that do not divide CHUNK_BYTES) is copied out.
-        let (a, b) = ((off - start) as usize, (end - start) as usize);
-        if b > filled.iter().map(Vec::len).sum::<usize>() {
-            return None;
-        }
-        let i = a / CHUNK_BYTES;
-        if b <= (i + 1) * CHUNK_BYTES {
-            return Some((filled, i, a - i * CHUNK_BYTES..b - i * CHUNK_BYTES));
-        }
-        let mut copy = Vec::with_capacity(b - a);
-        for (j, c) in filled.iter().enumerate() {
-            let (ca, cb) = (j * CHUNK_BYTES, j * CHUNK_BYTES + c.len());
-            if cb > a && ca < b {
-                copy.extend_from_slice(&c[a.max(ca) - ca..b.min(cb) - ca]);
-            }
-        }
-        let n = copy.len();
-        Some((Arc::new(vec![copy]), 0, 0..n))
+        slice_of(&filled, (off - start) as usize, (end - start) as usize)
     }
 }
 
@@ -159,11 +140,34 @@ fn make_room(files: &mut HashMap<Key, FileState>, keep: &Key, bytes: u64) {
     }
 }
 
+/// Bytes `[a, b)` of a window's pieces: a slice sharing the piece's buffer when one piece
+/// holds them all (READs of a shard's size at shard boundaries, what sequential readers send),
+/// else a copy. `None` when the window ends before `b` (the file was shorter when it was read).
+fn slice_of(pieces: &[ReadBytes], a: usize, b: usize) -> Option<ReadBytes> {
+    let mut at = 0;
+    let mut copy: Option<Vec<u8>> = None;
+    for p in pieces {
+        let (pa, pb) = (at, at + p.len());
+        at = pb;
+        if pb <= a {
+            continue;
+        }
+        if pa >= b {
+            break;
+        }
+        if pa <= a && b <= pb {
+            return Some(p.slice(a - pa..b - pa));
+        }
+        copy.get_or_insert_with(|| Vec::with_capacity(b - a)).extend_from_slice(&p[a.max(pa) - pa..b.min(pb) - pa]);
+    }
+    copy.filter(|c| c.len() == b - a).map(ReadBytes::from)
+}
+
 fn spawn_fill(engine: &Arc<Engine>, caller: &Caller, ino: Ino, start: u64, len: u64) -> watch::Receiver<Filled> {
     let (tx, rx) = watch::channel(None);
     let (engine, caller) = (engine.clone(), caller.clone());
     tokio::task::spawn_blocking(move || {
-        let data = engine.read_chunks(&caller, ino, start, len as usize, CHUNK_BYTES).ok().map(Arc::new);
+        let data = engine.read_shared(&caller, ino, start, len as usize).ok().map(Arc::new);
         let _ = tx.send(Some(data));
     });
     rx
@@ -176,6 +180,23 @@ mod tests {
     fn file(used: u64, windows: usize) -> FileState {
         let windows = (0..windows as u64).map(|i| Window { start: i * WINDOW_BYTES, rx: watch::channel(None).1 }).collect();
         FileState { stamp: (0, 0, 0), last_end: 0, windows, used }
+    }
+
+    /// A read inside one piece shares its buffer; one across pieces is a copy of the same
+    /// bytes; one past the window's end is not answered from it.
+    #[test]
+    fn reads_are_sliced_from_a_piece_or_copied_across_pieces() {
+        let whole: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let pieces: Vec<ReadBytes> = [0..1000, 1000..1024, 1024..3000].into_iter().map(|r| ReadBytes::from(whole[r].to_vec())).collect();
+        for (a, b) in [(0, 1000), (10, 20), (1000, 1024), (1024, 3000), (999, 1001), (0, 3000), (500, 2500), (2999, 3000), (5, 5)] {
+            let got = slice_of(&pieces, a, b);
+            assert_eq!(got.as_deref(), Some(&whole[a..b]), "[{a}, {b})");
+        }
+        assert!(slice_of(&pieces, 2000, 3001).is_none(), "past the window's end");
+        assert!(slice_of(&[], 0, 1).is_none());
+        // Inside one piece: the same memory, no copy.
+        let got = slice_of(&pieces, 1100, 1200).unwrap();
+        assert!(std::ptr::eq(got.as_ptr(), pieces[2][76..].as_ptr()), "a read inside a piece shares its buffer");
     }
 
     #[test]

@@ -50,16 +50,13 @@ pub(crate) enum Reply {
     AuthTooWeak,
 }
 
-/// Bytes a reply sends from where they lie: one buffer of a read-ahead window, or a range of it.
-pub(crate) struct ReplyData {
-    pub buffers: Arc<Vec<Vec<u8>>>,
-    pub index: usize,
-    pub range: std::ops::Range<usize>,
-}
+/// Bytes a reply sends from where they lie: a piece of a read-ahead window (a slice of the
+/// buffer a drive read into), or a buffer of their own.
+pub(crate) struct ReplyData(pub storage_engine::ReadBytes);
 
 impl ReplyData {
     pub(crate) fn bytes(&self) -> &[u8] {
-        &self.buffers[self.index][self.range.clone()]
+        &self.0
     }
 }
 
@@ -312,8 +309,8 @@ mod tests {
     #[tokio::test]
     async fn a_reply_sent_with_its_data_beside_it_is_the_packed_reply() {
         for n in [0usize, 1, 2, 3, 4, 1001, 4096] {
-            let buffers = Arc::new(vec![vec![9u8; 10], (0..n + 7).map(|i| i as u8).collect::<Vec<u8>>()]);
-            let data = ReplyData { buffers, index: 1, range: 5..5 + n };
+            let buffer = storage_engine::ReadBytes::from((0..n + 7).map(|i| i as u8).collect::<Vec<u8>>());
+            let data = ReplyData(buffer.slice(5..5 + n));
             let res = |d: &[u8]| {
                 use nfs3_types::nfs3::*;
                 let data = nfs3_types::xdr_codec::Opaque::borrowed(d);
