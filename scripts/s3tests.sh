@@ -44,6 +44,7 @@ alt_access=S3TESTSALTKEY0000001;  alt_secret="alt-secret-$RANDOM$RANDOM$RANDOM"
 AQUIFER_ADMIN_PASSWORD="$admin_pw" RUST_LOG="${RUST_LOG:-warn}" \
   "$bin" serve --data-dir "$work/data" --rest 127.0.0.1:0 --s3 127.0.0.1:0 \
   --nfs 127.0.0.1:0 --sftp 127.0.0.1:0 --drive-size 2GiB \
+  --s3-lifecycle-day-secs 10 \
   > "$work/daemon.out" 2> "$work/daemon.log" &
 daemon_pid=$!
 
@@ -108,6 +109,7 @@ email = s3main@example.com
 access_key = $main_access
 secret_key = $main_secret
 storage_classes = STANDARD
+# a lifecycle "day": the daemon's --s3-lifecycle-day-secs, above
 lc_debug_interval = 10
 
 [s3 alt]

@@ -23,6 +23,11 @@ pub struct ServeArgs {
     /// Base domain for virtual-host style S3 requests (bucket.DOMAIN).
     #[arg(long)]
     s3_domain: Option<String>,
+    /// Length of an S3 lifecycle day in seconds (default a real day, 86400). Only for trying
+    /// lifecycle rules out: Expiration and AbortIncompleteMultipartUpload days count in
+    /// these units, as with Ceph RGW's rgw_lc_debug_interval.
+    #[arg(long, env = "AQUIFER_S3_LIFECYCLE_DAY_SECS", value_parser = clap::value_parser!(u64).range(1..=86400))]
+    s3_lifecycle_day_secs: Option<u64>,
     /// Address of NFSv3 (MOUNT on the same port).
     #[arg(long, env = "AQUIFER_NFS_LISTEN")]
     nfs: Option<SocketAddr>,
@@ -234,6 +239,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         rest: addr(args.rest, file.listen.rest, "127.0.0.1:8080"),
         s3: addr(args.s3, file.listen.s3, "127.0.0.1:9000"),
         s3_domain: args.s3_domain.clone().or(file.listen.s3_domain.clone()),
+        s3_lifecycle_day_secs: args.s3_lifecycle_day_secs,
         nfs: addr(args.nfs, file.listen.nfs, "127.0.0.1:2049"),
         sftp: addr(args.sftp, file.listen.sftp, "127.0.0.1:2222"),
         smb: addr(args.smb, file.listen.smb, "127.0.0.1:445"),
@@ -374,6 +380,7 @@ struct Listeners {
     rest: SocketAddr,
     s3: SocketAddr,
     s3_domain: Option<String>,
+    s3_lifecycle_day_secs: Option<u64>,
     nfs: SocketAddr,
     sftp: SocketAddr,
     smb: SocketAddr,
@@ -426,7 +433,7 @@ async fn serve_all(engine: Arc<Engine>, listen: Listeners, data_dir: PathBuf) ->
         async move { ("REST", f.await.map_err(anyhow::Error::from)) }
     });
     tasks.spawn({
-        let opts = aquifer_s3::S3Options { domain: listen.s3_domain.clone() };
+        let opts = aquifer_s3::S3Options { domain: listen.s3_domain.clone(), lifecycle_day_secs: listen.s3_lifecycle_day_secs };
         let f = aquifer_s3::serve(engine.clone(), s3, opts, stopped());
         async move { ("S3", f.await) }
     });

@@ -167,7 +167,7 @@ impl PerKeyPolicy {
                 match acl_says(engine, Some(own), &b, load_acl(engine, &b)?, Perm::Write, "bucket")? {
                     AclSays::Grant(run_as) => Ok(run_as.unwrap_or_else(|| own.clone())),
                     AclSays::NotStored => {
-                        private_check(engine, own, &self.bucket, Some(key), "DeleteObject")?;
+                        private_check(engine, own, &self.bucket, Some(key), "DeleteObject", version.is_some())?;
                         Ok(own.clone())
                     }
                 }
@@ -288,6 +288,8 @@ struct Asked {
     copy_source: Option<(String, String)>,
     /// The copy source names a version (reading it takes `s3:GetObjectVersion`).
     copy_source_versioned: bool,
+    /// The request names a version of its object (`versionId`).
+    versioned: bool,
 }
 
 /// The bucket owner as a caller with a user's permissions (never an administrator's).
@@ -395,7 +397,7 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
                     return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused"));
                 }
                 None => {}
-                Some(c) => private_check(engine, c, sb, Some(sk), "GetObject")?,
+                Some(c) => private_check(engine, c, sb, Some(sk), "GetObject", a.copy_source_versioned)?,
             }
         }
     }
@@ -436,10 +438,10 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
     }
     if !allowed {
         match &me {
-            None => anonymous_check(engine, &a.bucket, a.key.as_deref(), &a.op)?,
+            None => anonymous_check(engine, &a.bucket, a.key.as_deref(), &a.op, a.versioned)?,
             // Who may create buckets is the root directory's mode (the engine decides).
             Some(_) if a.op == "CreateBucket" => {}
-            Some(c) => private_check(engine, c, &a.bucket, a.key.as_deref(), &a.op)?,
+            Some(c) => private_check(engine, c, &a.bucket, a.key.as_deref(), &a.op, a.versioned)?,
         }
     }
     Ok(out)
@@ -454,7 +456,7 @@ fn is_administrator(c: &Caller) -> bool {
 /// object gets no more than an anonymous client would (public-read buckets and objects),
 /// however the file modes read; administrators keep their powers. Whatever is admitted
 /// still runs with the requester's own permissions, which the engine checks.
-fn private_check(engine: &Engine, c: &Caller, bucket: &str, key: Option<&str>, op: &str) -> S3Result<()> {
+fn private_check(engine: &Engine, c: &Caller, bucket: &str, key: Option<&str>, op: &str, versioned: bool) -> S3Result<()> {
     if is_administrator(c) {
         return Ok(());
     }
@@ -472,8 +474,10 @@ fn private_check(engine: &Engine, c: &Caller, bucket: &str, key: Option<&str>, o
     {
         return Ok(());
     }
-    if anonymous_check(engine, bucket, key, op).is_ok() {
-        return Ok(());
+    match anonymous_check(engine, bucket, key, op, versioned) {
+        Ok(()) => return Ok(()),
+        Err(e) if *e.code() == S3ErrorCode::NoSuchKey => return Err(e),
+        Err(_) => {}
     }
     Err(S3Error::with_message(
         S3ErrorCode::AccessDenied,
@@ -552,7 +556,8 @@ fn object_file(engine: &Engine, bucket: &str, key: &str) -> Option<storage_engin
 
 /// Without a policy that allows it, an anonymous client may only read public-read buckets
 /// and objects.
-fn anonymous_check(engine: &Engine, bucket: &str, key: Option<&str>, op: &str) -> S3Result<()> {
+/// `versioned`: the request names a version of the object.
+fn anonymous_check(engine: &Engine, bucket: &str, key: Option<&str>, op: &str, versioned: bool) -> S3Result<()> {
     let visibility = bucket_visibility(engine, bucket);
     if OBJECT_READS.contains(&op) && key.is_some_and(|k| object_is_public(engine, bucket, k)) {
         return Ok(());
@@ -564,6 +569,14 @@ fn anonymous_check(engine: &Engine, bucket: &str, key: Option<&str>, op: &str) -
     }
     if visibility == BucketVisibility::PublicRead && ANONYMOUS_READS.contains(&op) {
         Ok(())
+    } else if visibility == BucketVisibility::PublicRead
+        && OBJECT_READS.contains(&op)
+        && !versioned
+        && key.is_some_and(|k| object_file(engine, bucket, k).is_none())
+    {
+        // As S3: who may list a bucket learns that a key is not there (404, not 403). The
+        // answer is given here, so an object created meanwhile is not read by this request.
+        Err(S3Error::new(S3ErrorCode::NoSuchKey))
     } else {
         Err(S3Error::with_message(S3ErrorCode::AccessDenied, "anonymous access refused"))
     }
@@ -601,7 +614,8 @@ impl S3Access for PolicyAccess {
         let copy_source = source_header.and_then(copy_source_of);
         let copy_source_versioned = source_header.is_some_and(|h| h.contains("?versionId="));
         let engine = self.engine.clone();
-        let asked = Asked { access_key, bucket, key, op, context, copy_source, copy_source_versioned };
+        let versioned = cx.uri().query().is_some_and(|q| q.split('&').any(|p| p.starts_with("versionId=")));
+        let asked = Asked { access_key, bucket, key, op, context, copy_source, copy_source_versioned, versioned };
         let out = blocking(move || decide(&engine, asked)).await?;
         let ext = cx.extensions_mut();
         if let Some(c) = out.grant {

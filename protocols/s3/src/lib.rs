@@ -31,7 +31,7 @@ mod service;
 pub use acl::ACL_GRANTS_MAX;
 pub use keys::KEY_BYTES_MAX;
 pub use meta::{TAG_KEY_BYTES_MAX, TAG_VALUE_BYTES_MAX, TAGS_MAX};
-pub use lifecycle::{LIFECYCLE_RULES_MAX, lifecycle_pass};
+pub use lifecycle::{LIFECYCLE_RULES_MAX, lifecycle_pass, lifecycle_pass_with_day};
 pub use policy::POLICY_BYTES_MAX;
 pub use post::{FORM_FIELDS_BYTES_MAX, POST_OBJECT_BYTES_MAX};
 pub use server::{CONNECTIONS_MAX, SHUTDOWN_GRACE_MS, serve};
@@ -42,4 +42,7 @@ pub use service::{LIST_KEYS_DEFAULT, PART_BYTES_MIN, PUT_CHUNK_BYTES, READ_PIECE
 pub struct S3Options {
     /// Base domain for virtual-host style requests (`bucket.DOMAIN`); path style always works.
     pub domain: Option<String>,
+    /// Length of a lifecycle day in seconds; `None` is a real day (86,400). Shorter days
+    /// are for trying lifecycle rules out (`aquifer serve --s3-lifecycle-day-secs`).
+    pub lifecycle_day_secs: Option<u64>,
 }

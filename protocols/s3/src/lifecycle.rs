@@ -11,8 +11,12 @@
 //! `ExpiredObjectDeleteMarker` removes delete markers that are a key's only version.
 //!
 //! When an object is due: as S3, `Days` counts from the object's last modification and
-//! rounds up to the next midnight UTC; `Date` is a midnight UTC. There is no shorter
-//! "debug day": tests call [`lifecycle_pass`] with the time they want to be now.
+//! rounds up to the next midnight UTC; `Date` is a midnight UTC. A new or changed
+//! configuration is carried out within seconds, then hourly. For trying rules out, the
+//! daemon's `--s3-lifecycle-day-secs` makes a lifecycle day shorter (as Ceph RGW's
+//! `rgw_lc_debug_interval`): `Days` then count in those units, rounded up to a multiple of
+//! one, and passes run ten times a day; tests may also call [`lifecycle_pass`] with the
+//! time they want to be now.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -256,9 +260,9 @@ fn rules_of(cfg: &BucketLifecycleConfiguration) -> Vec<Rule> {
 
 /// When something last modified (or started) at `since_secs` is due after `days` days: as
 /// S3, at the first midnight UTC at or after `since + days`.
-fn due_secs(since_secs: i64, days: i64) -> i64 {
-    let t = since_secs.saturating_add(days.saturating_mul(DAY_SECS));
-    t.div_euclid(DAY_SECS).saturating_add(i64::from(t.rem_euclid(DAY_SECS) != 0)).saturating_mul(DAY_SECS)
+fn due_secs(since_secs: i64, days: i64, day_secs: i64) -> i64 {
+    let t = since_secs.saturating_add(days.saturating_mul(day_secs));
+    t.div_euclid(day_secs).saturating_add(i64::from(t.rem_euclid(day_secs) != 0)).saturating_mul(day_secs)
 }
 
 impl Rule {
@@ -269,8 +273,8 @@ impl Rule {
             && self.tags.iter().all(|t| tags.contains(t))
     }
 
-    fn expired(&self, mtime_secs: i64, now_secs: i64) -> bool {
-        self.expire_at_secs.is_some_and(|at| now_secs >= at) || self.expire_days.is_some_and(|d| now_secs >= due_secs(mtime_secs, d))
+    fn expired(&self, mtime_secs: i64, now_secs: i64, day_secs: i64) -> bool {
+        self.expire_at_secs.is_some_and(|at| now_secs >= at) || self.expire_days.is_some_and(|d| now_secs >= due_secs(mtime_secs, d, day_secs))
     }
 }
 
@@ -278,6 +282,12 @@ impl Rule {
 /// Returns the number of objects deleted and uploads aborted. The S3 listener runs it
 /// hourly; it is public so that tests (and tools) can run a pass for a given time.
 pub fn lifecycle_pass(engine: &Engine, now_secs: i64) -> usize {
+    lifecycle_pass_with_day(engine, now_secs, DAY_SECS)
+}
+
+/// [`lifecycle_pass`] with a lifecycle day of `day_secs` seconds (at least 1).
+pub fn lifecycle_pass_with_day(engine: &Engine, now_secs: i64, day_secs: i64) -> usize {
+    let day_secs = day_secs.max(1);
     let sys = Caller::system();
     let mut done = 0;
     let mut cursor: Option<Vec<u8>> = None;
@@ -294,7 +304,7 @@ pub fn lifecycle_pass(engine: &Engine, now_secs: i64) -> usize {
             };
             let rules = rules_of(&cfg);
             if !rules.is_empty() {
-                done += bucket_pass(engine, e.ino, &String::from_utf8_lossy(&e.name), &rules, now_secs, ACTIONS_PER_PASS_MAX - done);
+                done += bucket_pass(engine, e.ino, &String::from_utf8_lossy(&e.name), &rules, now_secs, day_secs, ACTIONS_PER_PASS_MAX - done);
             }
         }
         match page.next_cursor {
@@ -304,7 +314,7 @@ pub fn lifecycle_pass(engine: &Engine, now_secs: i64) -> usize {
     }
 }
 
-fn bucket_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, rules: &[Rule], now_secs: i64, budget: usize) -> usize {
+fn bucket_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, rules: &[Rule], now_secs: i64, day_secs: i64, budget: usize) -> usize {
     let sys = Caller::system();
     let Ok(battr) = engine.getattr(&sys, bucket) else { return 0 };
     // Expiration deletes with the bucket owner's permissions: the owner set the rule.
@@ -324,7 +334,7 @@ fn bucket_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, rules: 
                     continue;
                 }
                 let mtime = o.attr.mtime_ns.div_euclid(1_000_000_000);
-                let candidates: Vec<&&Rule> = expiring.iter().filter(|r| key.starts_with(&r.prefix) && r.expired(mtime, now_secs)).collect();
+                let candidates: Vec<&&Rule> = expiring.iter().filter(|r| key.starts_with(&r.prefix) && r.expired(mtime, now_secs, day_secs)).collect();
                 if candidates.is_empty() {
                     continue;
                 }
@@ -351,7 +361,7 @@ fn bucket_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, rules: 
         }
     }
     if rules.iter().any(|r| r.noncurrent_days.is_some() || r.expire_markers) && engine.bucket_has_versions(bucket).unwrap_or(false) {
-        done += versions_pass(engine, bucket, name, &owner, rules, now_secs, budget - done.min(budget));
+        done += versions_pass(engine, bucket, name, &owner, rules, now_secs, day_secs, budget - done.min(budget));
     }
     if rules.iter().any(|r| r.abort_days.is_some())
         && let Ok(uploads) = engine.multipart_list_uploads(&sys, bucket)
@@ -361,7 +371,7 @@ fn bucket_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, rules: 
                 break;
             }
             let started = u.created_ns.div_euclid(1_000_000_000);
-            let due = rules.iter().any(|r| r.abort_days.is_some_and(|d| u.key.starts_with(&r.prefix) && now_secs >= due_secs(started, d)));
+            let due = rules.iter().any(|r| r.abort_days.is_some_and(|d| u.key.starts_with(&r.prefix) && now_secs >= due_secs(started, d, day_secs)));
             if due {
                 match engine.multipart_abort(&sys, &u.id) {
                     Ok(()) => done += 1,
@@ -376,7 +386,7 @@ fn bucket_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, rules: 
 /// Deletes the noncurrent versions that `NoncurrentVersionExpiration` rules make due, and
 /// delete markers left as a key's only version under `ExpiredObjectDeleteMarker`; with the
 /// bucket owner's permissions. Returns how many it deleted.
-fn versions_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, owner: &Caller, rules: &[Rule], now_secs: i64, budget: usize) -> usize {
+fn versions_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, owner: &Caller, rules: &[Rule], now_secs: i64, day_secs: i64, budget: usize) -> usize {
     let sys = Caller::system();
     let mut due: Vec<(String, String)> = Vec::new();
     // The versions of one key, newest first, gathered across pages.
@@ -390,7 +400,7 @@ fn versions_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, owner
             let since = v.successor_ns.unwrap_or(a.mtime_ns).div_euclid(1_000_000_000);
             let tags = engine.getxattr(&sys, a.ino, XATTR_TAGS).map(|t| decode_tags(&t)).unwrap_or_default();
             let expired =
-                rules.iter().any(|r| r.noncurrent_days.is_some_and(|d| now_secs >= due_secs(since, d)) && noncurrent > r.keep_newer && r.selects(&v.key, a.size, &tags));
+                rules.iter().any(|r| r.noncurrent_days.is_some_and(|d| now_secs >= due_secs(since, d, day_secs)) && noncurrent > r.keep_newer && r.selects(&v.key, a.size, &tags));
             if expired {
                 due.push((v.key.clone(), v.id.clone()));
             }
@@ -440,23 +450,41 @@ fn versions_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, owner
     done
 }
 
-/// The background task: a pass every [`SCAN_INTERVAL_SECS`] until `stop` turns true (or
-/// its sender goes away). A pass in progress is finished first: each deletion is atomic,
-/// but the caller waits for this task so that the engine is not used after shutdown.
-pub(crate) async fn run(engine: Arc<Engine>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(SCAN_INTERVAL_SECS));
+/// How long after a configuration is put its first pass runs: configurations put together
+/// (a script setting many buckets) share one pass.
+const CHANGED_PASS_DELAY_MS: u64 = 500;
+
+/// The background task: a pass every [`SCAN_INTERVAL_SECS`] (ten a lifecycle day when the
+/// day is shorter), and one shortly after `changed` is notified (a configuration was put),
+/// until `stop` turns true (or its sender goes away). A pass in progress is finished first:
+/// each deletion is atomic, but the caller waits for this task so that the engine is not
+/// used after shutdown.
+pub(crate) async fn run(engine: Arc<Engine>, day_secs: u64, changed: Arc<tokio::sync::Notify>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let day_secs = day_secs.clamp(1, DAY_SECS as u64);
+    let every = if day_secs < DAY_SECS as u64 { Duration::from_millis((day_secs * 100).max(100)) } else { Duration::from_secs(SCAN_INTERVAL_SECS) };
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
+        let soon = tokio::select! {
+            _ = tick.tick() => false,
+            _ = changed.notified() => true,
             r = stop.wait_for(|s| *s) => {
                 let _ = r;
                 return;
             }
+        };
+        if soon {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(CHANGED_PASS_DELAY_MS)) => {}
+                r = stop.wait_for(|s| *s) => {
+                    let _ = r;
+                    return;
+                }
+            }
         }
         let e = engine.clone();
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        match tokio::task::spawn_blocking(move || lifecycle_pass(&e, now)).await {
+        match tokio::task::spawn_blocking(move || lifecycle_pass_with_day(&e, now, day_secs as i64)).await {
             Ok(n) if n > 0 => tracing::info!(actions = n, "lifecycle pass"),
             Ok(_) => {}
             Err(e) => tracing::error!(error = %e, "lifecycle pass failed"),
@@ -539,14 +567,15 @@ mod tests {
     fn due_times() {
         let day = 86_400;
         // S3 rounds up to the next midnight UTC.
-        assert_eq!(due_secs(10 * day + 5, 1), 12 * day);
-        assert_eq!(due_secs(10 * day, 1), 11 * day);
+        assert_eq!(due_secs(10 * day + 5, 1, day), 12 * day);
+        assert_eq!(due_secs(10 * day, 1, day), 11 * day);
+        assert_eq!(due_secs(25, 1, 10), 40, "a shorter lifecycle day rounds up to its own multiples");
         let r = Rule { prefix: "a/".into(), tags: vec![("k".into(), "v".into())], size_gt: Some(1), size_lt: None, expire_days: Some(1), expire_at_secs: None, abort_days: None, noncurrent_days: None, keep_newer: 0, expire_markers: false };
         assert!(r.selects("a/x", 2, &[("k".into(), "v".into()), ("o".into(), "p".into())]));
         assert!(!r.selects("b/x", 2, &[("k".into(), "v".into())]));
         assert!(!r.selects("a/x", 1, &[("k".into(), "v".into())]));
         assert!(!r.selects("a/x", 2, &[("k".into(), "w".into())]));
-        assert!(r.expired(0, day) && !r.expired(0, day - 1));
-        assert!(r.expired(5, 2 * day) && !r.expired(5, 2 * day - 1));
+        assert!(r.expired(0, day, day) && !r.expired(0, day - 1, day));
+        assert!(r.expired(5, 2 * day, day) && !r.expired(5, 2 * day - 1, day));
     }
 }

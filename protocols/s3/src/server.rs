@@ -170,8 +170,9 @@ pub async fn serve(
     opts: S3Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let lifecycle_changed = Arc::new(tokio::sync::Notify::new());
     let service = {
-        let mut b = S3ServiceBuilder::new(AquiferS3::new(engine.clone()));
+        let mut b = S3ServiceBuilder::new(AquiferS3::new(engine.clone()).with_lifecycle_notify(lifecycle_changed.clone()));
         b.set_auth(EngineAuth { engine: engine.clone() });
         b.set_access(PolicyAccess { engine: engine.clone() });
         b.set_route(crate::post::RefusedForm);
@@ -187,7 +188,8 @@ pub async fn serve(
     };
     // Lifecycle rules are carried out by the S3 listener's own task, which ends with it.
     let (lifecycle_stop, stopped) = tokio::sync::watch::channel(false);
-    let lifecycle = tokio::spawn(crate::lifecycle::run(engine.clone(), stopped));
+    let day_secs = opts.lifecycle_day_secs.unwrap_or(86_400);
+    let lifecycle = tokio::spawn(crate::lifecycle::run(engine.clone(), day_secs, lifecycle_changed, stopped));
     let mut conn = ConnBuilder::new(TokioExecutor::new());
     conn.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_millis(HEADER_READ_TIMEOUT_MS));
     let graceful = GracefulShutdown::new();

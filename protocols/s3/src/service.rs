@@ -107,11 +107,19 @@ fn quoted(etag: &str) -> ETag {
 
 pub struct AquiferS3 {
     engine: Arc<Engine>,
+    /// Notified when a lifecycle configuration is put, so that it is carried out soon.
+    lifecycle_changed: Arc<tokio::sync::Notify>,
 }
 
 impl AquiferS3 {
     pub fn new(engine: Arc<Engine>) -> AquiferS3 {
-        AquiferS3 { engine }
+        AquiferS3 { engine, lifecycle_changed: Arc::new(tokio::sync::Notify::new()) }
+    }
+
+    /// Notifies `changed` whenever a bucket's lifecycle configuration is put.
+    pub fn with_lifecycle_notify(mut self, changed: Arc<tokio::sync::Notify>) -> AquiferS3 {
+        self.lifecycle_changed = changed;
+        self
     }
 
     /// Who the request runs as: the bucket owner when the bucket's policy allowed it (see
@@ -1581,6 +1589,7 @@ impl S3 for AquiferS3 {
             return Err(err(S3ErrorCode::InvalidArgument, "the lifecycle configuration is too large to store"));
         }
         set_bucket_setting(self.engine.clone(), caller, input.bucket, "lifecycle configuration", XATTR_LIFECYCLE, Some(doc)).await?;
+        self.lifecycle_changed.notify_one();
         Ok(S3Response::new(PutBucketLifecycleConfigurationOutput::default()))
     }
 

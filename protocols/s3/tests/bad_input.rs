@@ -37,6 +37,13 @@ async fn anonymous_reads_need_a_public_read_bucket() {
     assert!(res.text().await.unwrap().contains("<Key>hello.txt</Key>"));
     let res = s.http.get(&url).send().await.unwrap();
     assert_eq!(res.status().as_u16(), 403, "an object without an ACL is private in a public-read bucket");
+    // Who may list the bucket learns that a key is not there: 404, as S3 answers.
+    let res = s.http.get(format!("{}/pub/nothing-here", s.endpoint())).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 404);
+    assert_eq!(error_code(&res.text().await.unwrap()), "NoSuchKey");
+    assert_eq!(s.http.head(format!("{}/pub/nothing-here", s.endpoint())).send().await.unwrap().status().as_u16(), 404);
+    let res = s.http.get(format!("{}/pub/nothing-here?versionId=abc", s.endpoint())).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 403, "a version read is not a listing");
     let res = s.signed("PUT", "/pub/hello.txt", &[("acl", "")], vec![]).header("x-amz-acl", "public-read").send().await.unwrap();
     assert_eq!(res.status().as_u16(), 200);
     let res = s.http.get(&url).send().await.unwrap();

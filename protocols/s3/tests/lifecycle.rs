@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{error_code, start};
+use common::{Server, error_code, start, start_with};
 use storage_engine::{Caller, NewUser};
 
 fn lc(rules: &str) -> Vec<u8> {
@@ -113,5 +113,52 @@ async fn expiration_deletes_due_objects_that_match_the_filter() {
     assert_eq!(s.call("DELETE", "/exp", &[("lifecycle", "")], vec![]).await.0, 204);
     assert_eq!(pass(now + 1000 * day).await, 0);
     assert!(exists("keep/c").await && exists("tagged/e").await);
+    s.stop().await;
+}
+
+/// GETs `path` until it answers 404 or `secs` pass; returns the last status.
+async fn gone_within(s: &Server, path: &str, secs: u64) -> u16 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let code = s.call("GET", path, &[], vec![]).await.0;
+        if code == 404 || std::time::Instant::now() > deadline {
+            return code;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// The listener's own task carries a new configuration out within seconds (not at its next
+/// hourly pass): an Expiration Date already past deletes at once, while `Days` wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_configuration_is_carried_out_within_seconds() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/soon", &[], vec![]).await.0, 200);
+    for key in ["past/a", "days/b"] {
+        assert_eq!(s.call("PUT", &format!("/soon/{key}"), &[], b"x".to_vec()).await.0, 200);
+    }
+    let rules = lc("<Rule><ID>past</ID><Filter><Prefix>past/</Prefix></Filter><Status>Enabled</Status><Expiration><Date>2015-01-01T00:00:00Z</Date></Expiration></Rule>\
+        <Rule><ID>days</ID><Filter><Prefix>days/</Prefix></Filter><Status>Enabled</Status><Expiration><Days>1</Days></Expiration></Rule>");
+    let (code, body) = s.call("PUT", "/soon", &[("lifecycle", "")], rules).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(gone_within(&s, "/soon/past/a", 20).await, 404, "a past Date expires the object soon after the rule is put");
+    assert_eq!(s.call("GET", "/soon/days/b", &[], vec![]).await, (200, "x".to_string()), "one real day has not passed");
+    s.stop().await;
+}
+
+/// With a shorter lifecycle day (`--s3-lifecycle-day-secs`), `Days` count in its units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_lifecycle_day_expires_in_its_units() {
+    let s = start_with(aquifer_s3::S3Options { lifecycle_day_secs: Some(2), ..Default::default() }).await;
+    assert_eq!(s.call("PUT", "/short", &[], vec![]).await.0, 200);
+    for key in ["one/a", "many/b"] {
+        assert_eq!(s.call("PUT", &format!("/short/{key}"), &[], b"x".to_vec()).await.0, 200);
+    }
+    let rules = lc("<Rule><ID>one</ID><Filter><Prefix>one/</Prefix></Filter><Status>Enabled</Status><Expiration><Days>1</Days></Expiration></Rule>\
+        <Rule><ID>many</ID><Filter><Prefix>many/</Prefix></Filter><Status>Enabled</Status><Expiration><Days>1000</Days></Expiration></Rule>");
+    let (code, body) = s.call("PUT", "/short", &[("lifecycle", "")], rules).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(gone_within(&s, "/short/one/a", 30).await, 404, "one 2-second day, rounded up to the next, has passed");
+    assert_eq!(s.call("GET", "/short/many/b", &[], vec![]).await, (200, "x".to_string()), "1000 short days have not");
     s.stop().await;
 }

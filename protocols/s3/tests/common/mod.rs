@@ -31,6 +31,11 @@ pub struct Server {
 }
 
 pub async fn start() -> Server {
+    start_with(aquifer_s3::S3Options::default()).await
+}
+
+#[allow(dead_code)] // not every test binary starts a listener with options
+pub async fn start_with(opts: aquifer_s3::S3Options) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = EngineConfig::with_file_drives(dir.path(), DRIVES, DRIVE_BYTES, 4, 2);
     cfg.admin_password = Some("admin-secret-1".into());
@@ -50,7 +55,7 @@ pub async fn start() -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(aquifer_s3::serve(engine.clone(), listener, aquifer_s3::S3Options::default(), async move {
+    let task = tokio::spawn(aquifer_s3::serve(engine.clone(), listener, opts, async move {
         let _ = stopped.await;
     }));
     Server { addr, engine, access, secret, http: reqwest::Client::new(), stop: Some(stop), task: Some(task), dir }
