@@ -6,6 +6,12 @@
 //!   what it has (R asking RWH beside another R stays R), as Windows and Samba grant it; a
 //!   first grant still gets the part of the request the other leases allow.
 //! - `upgrade`, `upgrade2`: upgrades of a lease no other lease shares.
+//! - `breaking3`, `v2_breaking3`: an acknowledgment that leaves a lease caching more than
+//!   CREATEs waiting meanwhile need breaks it on in steps, as Windows does (RH to R, then R
+//!   to NONE, the epoch moving only for a state that cached writes), and the waiting
+//!   CREATEs go on only once no break is in progress.
+//! - `rename_wait`: a rename waits until other leases on the file have given up handle
+//!   caching (acknowledged the break), so the new name does not exist meanwhile.
 //!
 //! The others in the list are quick tests that passed before. The remaining passing tests of
 //! the suite (`oplock`, `timeout`, `breaking4` and others, which wait out break and
@@ -19,6 +25,9 @@ const TESTS: &[&str] = &[
     "upgrade2",
     "upgrade3",
     "break",
+    "breaking3",
+    "v2_breaking3",
+    "rename_wait",
     "statopen2",
     "statopen3",
     "v2_epoch1",

@@ -113,8 +113,10 @@ pub(crate) struct Breaking {
     /// Lease.BreakToLeaseState, as notified: the acknowledged state must be
     /// within it.
     pub to: LeaseState,
-    /// What the server needs once the break completes, within `to`. A later
-    /// trigger lowers it, and the acknowledgment then breaks on to it.
+    /// What the server needs once the break completes, within `to`, or
+    /// below it when the break is a step on the way (RH to R on the way to
+    /// NONE). A later trigger lowers it, and the acknowledgment then breaks
+    /// on towards it.
     pub required: LeaseState,
     /// Tells this break from a later one of the same lease.
     pub seq: u64,

@@ -714,6 +714,114 @@ mod tests {
         assert_eq!(granted.state, LeaseState::RH);
     }
 
+    /// Holds RWH under the lease `n` on file 7 as `f`.
+    fn hold_rwh(
+        table: &Arc<LeaseTable>,
+        share: &Arc<ShareBindings>,
+        owner: &Arc<Outbound>,
+        n: u8,
+    ) -> FileRef {
+        let lease_ref = table.acquire(id(n), share, &p("f")).unwrap();
+        let mut held = open(share, 7, "f", owner, Some(id(n)));
+        let (granted, _) = table
+            .grant(lease_ref, &mut held, &req(n), LeaseState::RWH)
+            .unwrap();
+        assert_eq!(granted.state, LeaseState::RWH);
+        held
+    }
+
+    /// A read-write open of file 7 without a lease, overwriting it when
+    /// `overwrite`.
+    fn contender(
+        share: &Arc<ShareBindings>,
+        owner: &Arc<Outbound>,
+        overwrite: bool,
+    ) -> (FileRef, Option<BreakWait>) {
+        let mut info = FileInfo::new("");
+        info.file_index = 7;
+        let request = OpenRequest {
+            sharing: Sharing {
+                access: FILE_READ_DATA | FILE_WRITE_DATA,
+                share: ALL,
+            },
+            owner: Arc::downgrade(owner),
+            lease: None,
+            overwrite,
+            break_handles: true,
+        };
+        FileRef::register(share, &info, &p("f"), request).unwrap()
+    }
+
+    #[test]
+    fn an_acknowledgment_short_of_what_is_needed_breaks_on_in_steps() {
+        // smbtorture smb2.lease.breaking3 and v2_breaking3: RWH breaks to RH
+        // for an open; an overwrite waiting meanwhile needs NONE. The
+        // acknowledgment of RH breaks on to R (acknowledged, the epoch
+        // kept), that of R to NONE, and the waiting opens go on only then.
+        let table = Arc::new(LeaseTable::default());
+        let s = share();
+        let (holder, mut rx) = connection();
+        let _held = hold_rwh(&table, &s, &holder, 1);
+        let (plain, wait) = contender(&s, &holder, false);
+        assert!(wait.is_some());
+        let n = notification(&rx.try_recv().unwrap());
+        assert_eq!((n.current_lease_state, n.new_lease_state), (7, 3));
+        assert_eq!(n.new_epoch, 2);
+        let (overwriting, wait) = contender(&s, &holder, true);
+        assert!(wait.is_some());
+        assert!(rx.try_recv().is_none(), "one break at a time");
+
+        let (state, breaks) = table.acknowledge(id(1), 3).unwrap();
+        assert_eq!(state, LeaseState::RH);
+        drop(breaks);
+        let n = notification(&rx.try_recv().unwrap());
+        assert_eq!(n.flags, LeaseBreakNotification::FLAG_ACK_REQUIRED);
+        assert_eq!((n.current_lease_state, n.new_lease_state), (3, 1));
+        assert_eq!(n.new_epoch, 2, "a break from RH keeps the epoch");
+        assert!(matches!(plain.end_wait(), Ok(Some(_))));
+        assert!(matches!(overwriting.end_wait(), Ok(Some(_))));
+
+        let (state, breaks) = table.acknowledge(id(1), 1).unwrap();
+        assert_eq!(state, LeaseState::R);
+        drop(breaks);
+        let n = notification(&rx.try_recv().unwrap());
+        assert_eq!(n.flags, 0);
+        assert_eq!((n.current_lease_state, n.new_lease_state), (1, 0));
+        assert_eq!(n.new_epoch, 2);
+        assert!(matches!(plain.end_wait(), Ok(None)));
+        assert!(matches!(overwriting.end_wait(), Ok(None)));
+        assert_eq!(ack(&table, id(1), 0), Err(ntstatus::STATUS_UNSUCCESSFUL));
+    }
+
+    #[test]
+    fn a_rename_waits_for_other_leases_to_give_up_handle_caching() {
+        // smbtorture smb2.lease.rename_wait: the renamer's own lease is left
+        // alone, another RH lease breaks to R and the rename waits for its
+        // acknowledgment.
+        let table = Arc::new(LeaseTable::default());
+        let s = share();
+        let (holder, mut rx) = connection();
+        let renamer = hold_rh(&table, &s, &holder, 1);
+        let lease_ref = table.acquire(id(2), &s, &p("f")).unwrap();
+        let mut other = open(&s, 7, "f", &holder, Some(id(2)));
+        let (granted, _) = table
+            .grant(lease_ref, &mut other, &req_state(2, 3), LeaseState::RH)
+            .unwrap();
+        assert_eq!(granted.state, LeaseState::RH);
+
+        assert!(renamer.break_handles_for_rename().is_some());
+        let n = notification(&rx.try_recv().unwrap());
+        assert_eq!(n.lease_key, [2; 16]);
+        assert_eq!((n.current_lease_state, n.new_lease_state), (3, 1));
+        assert!(rx.try_recv().is_none());
+        // Asking again sends nothing and still waits.
+        assert!(renamer.break_handles_for_rename().is_some());
+        assert!(rx.try_recv().is_none());
+        assert_eq!(ack(&table, id(2), 1), Ok(LeaseState::R));
+        assert!(renamer.break_handles_for_rename().is_none());
+        assert!(rx.try_recv().is_none());
+    }
+
     #[test]
     fn handle_caching_is_refused_on_a_delete_pending_file() {
         let table = Arc::new(LeaseTable::default());

@@ -284,7 +284,23 @@ impl FileNode {
         debug!(key = ?id.key, state = ?acked, "lease break acknowledged");
         let mut notices = Notices::default();
         if !required.contains(acked) {
-            state.start_break(at, acked.and(required), &mut notices);
+            // Aquifer patch: the lease breaks on in steps, as Windows breaks
+            // it: a state still caching writes or handles keeps read
+            // caching in this break (RH to R, then R to NONE), and only a
+            // state that cached writes moves the epoch again.
+            let mut to = acked.and(required);
+            if acked.without(LeaseState::R) != LeaseState::NONE {
+                to = LeaseState::from_bits(to.bits() | acked.and(LeaseState::R).bits());
+            }
+            if to != acked {
+                let epoch = acked.contains(LeaseState::W);
+                state.break_lease(at, to, epoch, &mut notices);
+                // A step short of what the server needs breaks on again
+                // at its acknowledgment.
+                if let Some(breaking) = state.leases[at].breaking.as_mut() {
+                    breaking.required = required;
+                }
+            }
         }
         let doomed = state.doom_uncovered(id);
         notices.close(doomed);
@@ -617,6 +633,13 @@ impl FileState {
     /// file. That includes a break that keeps handle caching, for which no
     /// other connection of the same client is tried.
     fn start_break(&mut self, at: usize, to: LeaseState, notices: &mut Notices) {
+        self.break_lease(at, to, true, notices);
+    }
+
+    /// [`FileState::start_break`], moving a version 2 lease's epoch only
+    /// when `epoch`: the break an acknowledgment starts moves it only when
+    /// the acknowledged state cached writes, as Windows and Samba send it.
+    fn break_lease(&mut self, at: usize, to: LeaseState, epoch: bool, notices: &mut Notices) {
         let id = self.leases[at].id;
         let orphaned = self.held_only_detached(id);
         let lease = &mut self.leases[at];
@@ -624,7 +647,9 @@ impl FileState {
         let ack = needs_ack(from);
         let mut wait = None;
         if ack {
-            lease.bump_epoch();
+            if epoch {
+                lease.bump_epoch();
+            }
             let seq = NEXT_BREAK_SEQ.fetch_add(1, Ordering::Relaxed);
             lease.breaking = Some(Breaking {
                 to,
@@ -638,8 +663,10 @@ impl FileState {
                 seq,
                 timeout: self.ack_timeout,
             });
-        } else {
+        } else if epoch {
             lease.set_state(to);
+        } else {
+            lease.state = to;
         }
         debug!(key = ?lease.id.key, ?from, ?to, ack, "lease broken");
         if orphaned && lease.grants_in_flight == 0 {
@@ -756,6 +783,13 @@ impl FileState {
         self.leases.iter().any(|l| {
             Some(l.id) != exempt && l.breaking.is_some() && l.state.contains(LeaseState::W)
         }) || self.oplock_break_pending(actor, Oplock::exclusive)
+    }
+
+    /// Whether a lease other than `exempt` is breaking.
+    fn lease_break_pending(&self, exempt: Option<LeaseId>) -> bool {
+        self.leases
+            .iter()
+            .any(|l| Some(l.id) != exempt && l.breaking.is_some())
     }
 
     /// Whether the oplock of an open other than `actor` that `pick` accepts
@@ -1199,7 +1233,11 @@ impl FileRef {
             return Err(ntstatus::STATUS_FILE_CLOSED);
         };
         let (lease, sharing) = (entry.lease, entry.sharing);
-        if state.write_break_pending(lease, Some(self.id)) {
+        // Aquifer patch: a CREATE that waited goes on once no other lease
+        // is breaking, also one that caches no writes (an acknowledgment
+        // may break it on, and Windows and Samba hold the CREATE until that
+        // break completes too).
+        if state.write_break_pending(lease, Some(self.id)) || state.lease_break_pending(lease) {
             return Ok(Some(state.wait()));
         }
         state.admit(sharing, Some(self.id))?;
@@ -1488,6 +1526,25 @@ impl FileRef {
             state.break_for(trigger, exempt, Some(self.id)).0
         };
         drop(notices);
+    }
+
+    /// Breaks what a rename of this open's file conflicts with (MS-FSA
+    /// 2.1.4.12, SET_INFORMATION): handle caching of every lease but the
+    /// one this open holds, and BATCH oplocks. Returns a wait while such a
+    /// lease still caches handles with its break in progress: the rename
+    /// waits for the client to give them up, as Windows and Samba let it
+    /// through (Aquifer patch; oplock breaks are not waited for).
+    pub(crate) fn break_handles_for_rename(&self) -> Option<BreakWait> {
+        let mut state = self.node.state();
+        let exempt = state.entry(self.id).and_then(|e| e.lease);
+        let notices = state.break_for(Trigger::Handle, exempt, Some(self.id)).0;
+        let waits = state.leases.iter().any(|l| {
+            Some(l.id) != exempt && l.breaking.is_some() && l.state.contains(LeaseState::H)
+        });
+        let wait = waits.then(|| state.wait());
+        drop(state);
+        drop(notices);
+        wait
     }
 
     /// The lease this open holds.

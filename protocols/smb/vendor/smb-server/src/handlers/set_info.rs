@@ -513,7 +513,11 @@ async fn rename_attempt(
         }
         return Renamed::Done(Err(ntstatus::STATUS_ACCESS_DENIED));
     }
-    file.break_leases(Trigger::Handle);
+    // Aquifer patch: other clients caching the file's handles give them up
+    // before it is renamed.
+    if let Some(wait) = file.break_handles_for_rename() {
+        return Renamed::Wait(wait);
+    }
     let replaced = replaced.filter(|_| may_exist(&from));
     // Renaming one link of a file over another removes the source link.
     let links = replaced
