@@ -14,6 +14,8 @@
 //! - `replay_smb3_specification_multi`: on SMB 3.x a LOCK repeating the LockSequence index
 //!   and number of the last one that succeeded is a replay, answered with success and not
 //!   applied again; other numbers, and indexes outside 1 to 64, are applied.
+//! - `replay_smb3_specification_durable`: the same on an open made durable (version 1) through
+//!   a BATCH oplock, which is granted (MS-SMB2 3.3.5.9.6).
 //!
 //! The list holds every test of the suite that passes, so a regression in any of them fails
 //! this test too (docs/smb-conformance.md has the per-test results).
@@ -42,6 +44,7 @@ const LOCK: &[&str] = &[
     "overlap",
     "truncate",
     "replay_smb3_specification_multi",
+    "replay_smb3_specification_durable",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -114,9 +114,12 @@ struct Entry {
     /// Open.DurableOwner: the configured name of the user who opened it.
     owner: String,
     share: Weak<ShareBindings>,
-    /// The lease the open holds. Its key never changes.
-    lease: LeaseId,
-    lease_version: LeaseVersion,
+    /// Connection.ClientGuid of the client that made the open.
+    client: Uuid,
+    /// The lease the open holds, and the version of its context; its key
+    /// never changes. `None` for an open durable through a BATCH oplock
+    /// (Aquifer patch).
+    lease: Option<(LeaseId, LeaseVersion)>,
     durability: Durability,
     state: State,
 }
@@ -299,15 +302,17 @@ impl DurableTable {
         self.max_detached.div_ceil(4)
     }
 
-    /// Registers a durable open of `owner` on `share` holding `lease` of
-    /// `lease_version`, granted with `durability`, in a session on `conn`,
+    /// Registers a durable open of `owner` on `share` by `client` holding
+    /// `lease` of its version, or a BATCH oplock when `None`, granted with
+    /// `durability`, in a session on `conn`,
     /// under a random DurableFileId that is neither 0 nor all ones and that
     /// no other durable open has. `None` when the system has no randomness.
     pub(crate) fn register(
         self: &Arc<Self>,
         owner: &str,
         share: &Arc<ShareBindings>,
-        (lease, lease_version): (LeaseId, LeaseVersion),
+        client: Uuid,
+        lease: Option<(LeaseId, LeaseVersion)>,
         durability: Durability,
         conn: &Arc<Connection>,
     ) -> Option<DurableReg> {
@@ -325,8 +330,8 @@ impl DurableTable {
             Entry {
                 owner: owner.to_string(),
                 share: Arc::downgrade(share),
+                client,
                 lease,
-                lease_version,
                 durability,
                 state: State::Attached {
                     conn: Arc::downgrade(conn),
@@ -516,7 +521,12 @@ impl DurableTable {
         let not_found = || Unclaimed::Status(ntstatus::STATUS_OBJECT_NAME_NOT_FOUND);
         let mut inner = self.inner();
         let entry = inner.entries.get(&id).ok_or_else(not_found)?;
-        if entry.lease.client != claim.client {
+        // Only a leased open is tied to its client and its name: an open
+        // durable through its oplock is taken back by DurableFileId alone,
+        // from any client and whatever name the request gives (MS-SMB2
+        // 3.3.5.9.7, 3.3.5.9.12, as Windows and Samba take it back).
+        let leased = entry.lease.is_some();
+        if leased && entry.client != claim.client {
             return Err(not_found());
         }
         // MS-SMB2 3.3.5.9.12: a version 2 reconnect names the CreateGuid of
@@ -536,19 +546,23 @@ impl DurableTable {
             State::Detached { open, .. } => Some(self.name_matches(open, claim)?),
             _ => None,
         };
+        // A reconnect names the lease of a leased open and none for an open
+        // durable through its oplock (MS-SMB2 3.3.5.9.7). Windows checks
+        // that before the name: a reconnect of a leased open without a
+        // lease context fails as not found whatever its name.
+        if claim.lease.is_some() != leased {
+            return Err(not_found());
+        }
+        let name_matches = name_matches.filter(|_| leased);
         if !v2 && name_matches == Some(false) {
             return Err(Unclaimed::Status(ntstatus::STATUS_INVALID_PARAMETER));
         }
-        let Some((lease, version)) = claim.lease else {
-            return Err(not_found());
-        };
         let closing = match &entry.state {
             State::Detached { .. } => false,
             State::Attached { conn } if conn.upgrade().is_none_or(|c| c.is_closing()) => true,
             _ => return Err(not_found()),
         };
-        if lease != entry.lease
-            || version != entry.lease_version
+        if claim.lease != entry.lease
             || !std::ptr::eq(entry.share.as_ptr(), Arc::as_ptr(claim.share))
             || name_matches == Some(false)
         {
@@ -602,7 +616,7 @@ impl DurableTable {
     /// name has `create_guid` (MS-SMB2 3.3.5.9.10, Open.IsReplayEligible).
     pub(crate) fn create_guid_in_use(&self, client: Uuid, create_guid: [u8; 16]) -> bool {
         self.inner().entries.values().any(|e| {
-            e.lease.client == client
+            e.client == client
                 && e.durability.replay_eligible
                 && e.durability.create_guid == Some(create_guid)
                 && !matches!(e.state, State::Closing)
@@ -813,7 +827,7 @@ mod tests {
             let leased = (lease(n), LeaseVersion::V2);
             let reg = self
                 .table
-                .register(owner, &self.share, leased, V1, &self.conn)
+                .register(owner, &self.share, lease(n).client, Some(leased), V1, &self.conn)
                 .unwrap();
             file.mark_durable(&self.table, reg.id());
             Arc::new(RwLock::new(Open {
@@ -863,7 +877,7 @@ mod tests {
             .map(|n| {
                 let leased = (lease(n), LeaseVersion::V2);
                 f.table
-                    .register("alice", &f.share, leased, V1, &f.conn)
+                    .register("alice", &f.share, leased.0.client, Some(leased), V1, &f.conn)
                     .unwrap()
             })
             .collect();
@@ -1170,7 +1184,8 @@ mod tests {
         f.table.purge(id);
         assert!(f.table.take_for(None, None).is_empty());
         let owner = Arc::downgrade(&f.outbound);
-        let reattached = open.read().await.file.as_ref().unwrap().reattach(owner);
+        let file_id = FileId::new(id, 2);
+        let reattached = open.read().await.file.as_ref().unwrap().reattach(owner, file_id);
         assert!(reattached.is_some());
         drop(reattached);
         f.table.attached(id, &f.conn);

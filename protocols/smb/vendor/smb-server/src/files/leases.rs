@@ -436,7 +436,8 @@ mod tests {
     use crate::conn::writer::{ResponseReceiver, response_queue};
     use crate::files::durable::DurableTable;
     use crate::files::lease::Trigger;
-    use crate::files::table::{OpenRequest, Refused, Sharing};
+    use crate::files::table::{OpenRequest, Reattached, Refused, Sharing};
+    use crate::proto::messages::FileId;
     use crate::server::ShareMode;
     use crate::tests::memfs::MemFsBackend;
 
@@ -1115,13 +1116,18 @@ mod tests {
         doomed.mark_durable(&durable, 1);
         assert!(doomed.try_detach());
         assert!(conflicting(&s, &second).wait.is_some());
-        assert!(doomed.reattach(Arc::downgrade(&second)).is_none());
+        let file_id = FileId::new(1, 1);
+        assert!(doomed.reattach(Arc::downgrade(&second), file_id).is_none());
         drop(doomed);
 
         let kept = hold_rh(&table, &s, &first, 2);
         kept.mark_durable(&durable, 2);
         assert!(kept.try_detach());
-        let (granted, guard) = kept.reattach(Arc::downgrade(&second)).unwrap();
+        let Some(Reattached::Lease(granted, guard)) =
+            kept.reattach(Arc::downgrade(&second), FileId::new(2, 1))
+        else {
+            panic!("the lease comes back");
+        };
         assert_eq!((granted.state, granted.breaking), (LeaseState::RH, false));
         // A break raised before the response is queued follows it.
         assert!(conflicting(&s, &second).wait.is_some());

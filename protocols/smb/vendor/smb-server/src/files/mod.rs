@@ -28,7 +28,7 @@ pub(crate) use lease::{Granted, LeaseId, LeaseRequest, LeaseState, LeaseVersion,
 pub(crate) use leases::LEASE_BREAK_TIMEOUT;
 pub(crate) use leases::{AfterSend, BreakWait, LeaseRef, LeaseTable, MAX_BREAK_WAIT};
 pub(crate) use oplock::{OPLOCK_BREAK_SIZE, oplock_body};
-pub(crate) use table::{FileRef, FileTable, OpenRequest, Refused, Sharing};
+pub(crate) use table::{FileRef, FileTable, OpenRequest, Reattached, Refused, Sharing};
 #[cfg(test)]
 pub(crate) use watch::MAX_WATCHES_PER_CONNECTION;
 pub(crate) use watch::{Answer, CONTENT_CHANGED, Change, NotifyBudget, WatchReg, WatchTable};

@@ -467,3 +467,66 @@ fn a_moved_open_is_broken_on_its_new_connection() {
     assert_eq!(a.acknowledge_oplock(1).map(|(l, _)| l), Ok(Ii));
     assert!(matches!(b.end_wait(), Ok(None)));
 }
+
+fn durable_table() -> Arc<super::DurableTable> {
+    Arc::new(super::DurableTable::new(Duration::from_secs(60), 16))
+}
+
+#[test]
+fn a_durable_batch_open_is_kept_and_a_break_closes_it() {
+    let s = share();
+    let durable = durable_table();
+    let (holder, mut holder_rx) = connection();
+    let (held, granted) = oplocked(&s, &holder, PLAIN, Batch, 1);
+    assert_eq!(granted, Batch);
+    held.mark_durable(&durable, 9);
+    assert!(held.try_detach(), "BATCH caches handles");
+
+    // No connection takes the break: the kept open is to be closed instead,
+    // and the conflicting open waits for it to leave.
+    let (other, second_rx) = connection();
+    let (waiting, wait) = register(&s, &other, PLAIN, None).expect("open admitted");
+    assert!(wait.is_some());
+    assert!(holder_rx.try_recv().is_none());
+    drop(second_rx);
+    assert!(held.reattach(Arc::downgrade(&other), FileId::new(9, 2)).is_none());
+    assert!(matches!(waiting.end_wait(), Ok(Some(_))));
+    drop(held);
+    assert!(matches!(waiting.end_wait(), Ok(None)));
+}
+
+#[test]
+fn a_reconnected_batch_open_gets_its_breaks_under_its_new_file_id() {
+    let s = share();
+    let durable = durable_table();
+    let (holder, _holder_rx) = connection();
+    let (held, _) = oplocked(&s, &holder, PLAIN, Batch, 1);
+    held.mark_durable(&durable, 9);
+    assert!(held.try_detach());
+
+    let (back, mut back_rx) = connection();
+    let Some(super::Reattached::Oplock(kept)) =
+        held.reattach(Arc::downgrade(&back), FileId::new(9, 5))
+    else {
+        panic!("the oplock comes back");
+    };
+    assert_eq!(kept, Batch);
+
+    let (other, _other_rx) = connection();
+    let (_waiting, wait) = register(&s, &other, PLAIN, None).expect("open admitted");
+    assert!(wait.is_some());
+    let n = oplock_break(&back_rx.try_recv().expect("break on the new connection"));
+    assert_eq!(level(&n), Ii);
+    assert_eq!((n.file_id.persistent, n.file_id.volatile), (9, 5));
+}
+
+#[test]
+fn an_open_holding_less_than_batch_is_not_kept() {
+    let s = share();
+    let durable = durable_table();
+    let (holder, _rx) = connection();
+    let (held, granted) = oplocked(&s, &holder, PLAIN, Exclusive, 1);
+    assert_eq!(granted, Exclusive);
+    held.mark_durable(&durable, 9);
+    assert!(!held.try_detach());
+}

@@ -176,6 +176,17 @@ pub(crate) struct DurableMark {
     pub doomed: bool,
 }
 
+/// What an open kept for reconnect holds again once reconnected
+/// ([`FileRef::reattach`]).
+pub(crate) enum Reattached {
+    /// Its lease, as the CREATE response reports it, and a guard holding
+    /// back the lease's break notifications until that response is queued.
+    Lease(Granted, GrantGuard),
+    /// The oplock level of an open durable through its oplock (Aquifer
+    /// patch).
+    Oplock(OplockLevel),
+}
+
 /// A new open, as [`FileRef::register`] enters it.
 #[derive(Default)]
 pub(crate) struct OpenRequest {
@@ -716,6 +727,16 @@ impl FileState {
             None
         };
         debug!(open, ?from, ?to, "oplock broken");
+        // Aquifer patch: an open kept for reconnect through its oplock has
+        // no connection to take the notification; it is closed instead,
+        // and the break completes when it leaves the file (MS-SMB2 3.3.4.6).
+        if let Some(mark) = entry.durable.as_mut().filter(|d| d.detached) {
+            if !mark.doomed {
+                mark.doomed = true;
+                notices.close(vec![mark.clone()]);
+            }
+            return;
+        }
         if oplock.granting {
             oplock.unsent = Some(bytes);
         } else {
@@ -1425,20 +1446,26 @@ impl FileRef {
             return false;
         };
         let entry = &state.opens[at];
-        let Some(lease) = entry
-            .lease
-            .and_then(|id| state.leases.iter().find(|l| l.id == id))
-        else {
-            return false;
-        };
         let has_locks = state.locks.iter().any(|l| l.owner == self.id);
+        let caches = match entry.lease {
+            Some(id) => state.leases.iter().find(|l| l.id == id).is_some_and(|lease| {
+                lease.state.contains(LeaseState::H)
+                    && lease.breaking.is_none()
+                    && (!has_locks || lease.state.contains(LeaseState::W))
+            }),
+            // Aquifer patch: an open durable through its oplock is kept
+            // while it holds BATCH, which caches handles and writes, with
+            // no break in progress.
+            None => entry
+                .oplock
+                .as_ref()
+                .is_some_and(|o| o.level == OplockLevel::Batch && o.breaking.is_none()),
+        };
         let keeps = entry
             .durable
             .as_ref()
             .is_some_and(|d| !d.detached && !d.doomed)
-            && lease.state.contains(LeaseState::H)
-            && lease.breaking.is_none()
-            && (!has_locks || lease.state.contains(LeaseState::W));
+            && caches;
         if !keeps {
             return false;
         }
@@ -1462,14 +1489,16 @@ impl FileRef {
 
     /// Puts an open kept for reconnect back on the connection `owner`
     /// (MS-SMB2 3.3.5.9.7): only while it is still kept, no break decided to
-    /// close it, and its lease caches handles. Returns the lease as the
-    /// CREATE response reports it, and a guard that holds back break
-    /// notifications for the lease until that response is queued.
-    pub(crate) fn reattach(&self, owner: Weak<Outbound>) -> Option<(Granted, GrantGuard)> {
+    /// close it, and its lease caches handles, or, for an open durable
+    /// through its oplock, it holds BATCH with no break in progress; that
+    /// oplock's notifications name `file_id` from now on. Returns the lease
+    /// as the CREATE response reports it, and a guard that holds back break
+    /// notifications for the lease until that response is queued, or the
+    /// oplock level.
+    pub(crate) fn reattach(&self, owner: Weak<Outbound>, file_id: FileId) -> Option<Reattached> {
         let mut state = self.node.state();
         let at = state.opens.iter().position(|e| e.id == self.id)?;
         let entry = &state.opens[at];
-        let id = entry.lease?;
         if !entry
             .durable
             .as_ref()
@@ -1477,6 +1506,19 @@ impl FileRef {
         {
             return None;
         }
+        let Some(id) = entry.lease else {
+            let entry = &mut state.opens[at];
+            let oplock = entry
+                .oplock
+                .as_mut()
+                .filter(|o| o.level == OplockLevel::Batch && o.breaking.is_none())?;
+            oplock.file_id = file_id;
+            entry.owner = owner;
+            if let Some(mark) = entry.durable.as_mut() {
+                mark.detached = false;
+            }
+            return Some(Reattached::Oplock(OplockLevel::Batch));
+        };
         let lease = state.leases.iter_mut().find(|l| l.id == id)?;
         if !lease.state.contains(LeaseState::H) {
             return None;
@@ -1498,7 +1540,7 @@ impl FileRef {
         }
         drop(state);
         let guard = GrantGuard::new(Arc::clone(&self.node), id, serial, owner);
-        Some((granted, guard))
+        Some(Reattached::Lease(granted, guard))
     }
 
     /// Sends the open's breaks to the connection `to` from now on when they

@@ -914,8 +914,10 @@ async fn attempt(
         }
     }
     // MS-SMB2 3.3.5.9.6, 3.3.5.9.10: an open asking for a durable handle
-    // gets one when its lease caches handles; any other open gets none and
-    // no durable context in the response. Anonymous sessions get none,
+    // gets one when its lease caches handles, or, without a lease, when it
+    // is granted a BATCH oplock (Aquifer patch; upstream kept leased opens
+    // only); any other open gets none and no durable context in the
+    // response. Anonymous sessions get none,
     // since they all count as one user, and neither does a client without a
     // ClientGuid. The PERSISTENT flag of a version 2 request is ignored:
     // no share is continuously available.
@@ -938,10 +940,10 @@ async fn attempt(
                 && share.durable_handles
                 && !lease.id.client.is_nil() =>
         {
-            let lease = (lease.id, lease.version);
+            let leased = (lease.id, lease.version);
             server
                 .durable
-                .register(owner, &share, lease, durability, conn)
+                .register(owner, &share, lease.id.client, Some(leased), durability, conn)
                 .map(|reg| (reg, durability))
         }
         _ => None,
@@ -949,6 +951,24 @@ async fn attempt(
     if let Some((reg, _)) = &durable {
         file.mark_durable(&server.durable, reg.id());
     }
+    // An open asking for BATCH gets its DurableFileId before the oplock is
+    // granted, since the oplock's notifications name the FileId; it stays
+    // durable only if BATCH is what it gets.
+    let client = *conn.client_guid.read().await;
+    let batch_durable = match (&granted, &args.owner, durability) {
+        (None, Some(owner), Some(durability))
+            if args.oplock == OplockLevel::Batch
+                && !info.is_directory
+                && share.durable_handles
+                && !client.is_nil() =>
+        {
+            server
+                .durable
+                .register(owner, &share, client, None, durability, conn)
+                .map(|reg| (reg, durability))
+        }
+        _ => None,
+    };
     // An overwrite that took the file's place in the table before the
     // backend truncated it broke the leases then; one granted since breaks
     // now, so it does not keep the old contents cached.
@@ -989,11 +1009,10 @@ async fn attempt(
         let _ = handle.close().await;
         return fail(ntstatus::STATUS_NETWORK_NAME_DELETED);
     }
-    let file_id = match &durable {
+    let file_id = match durable.as_ref().or(batch_durable.as_ref()) {
         Some((reg, _)) => FileId::new(reg.id(), tree.alloc_volatile()),
         None => tree.alloc_file_id(),
     };
-    let (durable, durability) = durable.unzip();
     // Aquifer patch: classic oplocks (upstream answered NONE to every
     // request). The oplock is granted once the open has its FileId, which
     // a break notification names, and under the tree lock, so no break
@@ -1010,6 +1029,15 @@ async fn attempt(
             );
         file.grant_oplock(args.oplock, file_id, overwrite)
     };
+    let durable = match batch_durable {
+        Some((reg, durability)) if oplock_level == OplockLevel::Batch => {
+            file.mark_durable(&server.durable, reg.id());
+            Some((reg, durability))
+        }
+        // Not durable after all: dropping the registration frees the id.
+        _ => durable,
+    };
+    let (durable, durability) = durable.unzip();
     let open = Open {
         file_id,
         handle: Some(handle),

@@ -17,7 +17,7 @@ use crate::builder::Access;
 use crate::conn::pending::{Stop, stopped};
 use crate::conn::state::{Connection, Open, TreeConnect};
 use crate::dispatch::HandlerResponse;
-use crate::files::{Claim, LeaseRequest, OpenSlot, Unclaimed, close_open};
+use crate::files::{Claim, LeaseRequest, OpenSlot, Reattached, Unclaimed, close_open};
 use crate::handlers::create::{ContextQueries, FILE_OPENED, encode_response, lease_response};
 use crate::handlers::shared::lookup_session_tree;
 use crate::handlers::{Outcome, Pending};
@@ -210,9 +210,9 @@ async fn take_back(
         return Err(not_found);
     };
     let owner = Arc::downgrade(&conn.outbound);
-    let Some((granted, guard)) = open.file.as_ref().and_then(|f| f.reattach(owner)) else {
+    let Some(reattached) = open.file.as_ref().and_then(|f| f.reattach(owner, file_id)) else {
         drop(open);
-        debug!(id, "durable open closed: lease broken");
+        debug!(id, "durable open closed: lease or oplock broken");
         close_open(&open_arc, false).await;
         return Err(not_found);
     };
@@ -235,7 +235,7 @@ async fn take_back(
         } else {
             Some(open_arc)
         };
-        drop(guard);
+        drop(reattached);
         if let Some(open) = left {
             close_open(&open, false).await;
         }
@@ -245,9 +245,17 @@ async fn take_back(
     drop(tree_lock);
 
     let mut answers = r.queries.answer(&info, maximal, VOLUME_SERIAL_NUMBER);
-    answers.push(lease_response(&granted));
-    let body = encode_response(&info, file_id, OplockLevel::Lease, FILE_OPENED, &answers);
+    let (level, guard) = match reattached {
+        Reattached::Lease(granted, guard) => {
+            answers.push(lease_response(&granted));
+            (OplockLevel::Lease, Some(guard))
+        }
+        Reattached::Oplock(level) => (level, None),
+    };
+    let body = encode_response(&info, file_id, level, FILE_OPENED, &answers);
     let mut response = HandlerResponse::ok(body);
-    response.after_send.push(Box::new(guard));
+    if let Some(guard) = guard {
+        response.after_send.push(Box::new(guard));
+    }
     Ok(response)
 }
