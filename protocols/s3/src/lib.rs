@@ -22,6 +22,7 @@ mod auth;
 mod error;
 mod keys;
 mod lifecycle;
+mod md5;
 pub mod meta;
 mod policy;
 mod post;

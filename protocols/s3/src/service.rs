@@ -12,7 +12,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use md5::{Digest, Md5};
+use crate::md5::Md5;
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use storage_engine::{Attr, Caller, Engine, Error, FileKind, FoundVersion, Ino, NULL_VERSION, ROOT_INO, Stability, VersionKind, VersionMode};
