@@ -991,6 +991,55 @@ fn reported_version(engine: &Engine, bucket: Ino, ino: Ino) -> S3Result<Option<S
     engine.version_id_of(ino).map(Some).map_err(|e| map_err(e, Missing::Key))
 }
 
+/// What a GET or HEAD names: the object (a version of it), and a Range or a part of it.
+struct ObjectAsked<'a> {
+    bucket: &'a str,
+    key: &'a str,
+    version_id: Option<&'a str>,
+    part_number: Option<i32>,
+    range: Option<&'a s3s::dto::Range>,
+}
+
+/// What a GET or HEAD answers with: the object, the bytes it sends (all, a Range or a
+/// part), their Content-Range and the object's parts count.
+struct Selected {
+    view: ObjectView,
+    range: std::ops::Range<u64>,
+    content_range: Option<String>,
+    parts_count: Option<i32>,
+}
+
+/// Looks the object up and checks the request's conditions and its Range or part number,
+/// as GET and HEAD both do. `range_header` is the Range as sent, for the error's details.
+async fn select_object(engine: &Arc<Engine>, caller: &Caller, asked: ObjectAsked<'_>, conds: Conditions<'_>, range_header: Option<&http::HeaderValue>) -> S3Result<Selected> {
+    let vid = check_version_id(asked.version_id)?;
+    if asked.part_number.is_some() && asked.range.is_some() {
+        return Err(err(S3ErrorCode::InvalidRequest, "a Range header and partNumber cannot both be given"));
+    }
+    let (e, c, bucket, key) = (engine.clone(), caller.clone(), asked.bucket.to_string(), asked.key.to_string());
+    let view = blocking(move || view_object(&e, &c, &bucket, &key, vid.as_deref())).await?;
+    conds.check(&view.etag, view.attr.mtime_ns, true)?;
+    let size = view.attr.size;
+    let part = match asked.part_number {
+        Some(n) => {
+            let (e, c, a, t) = (engine.clone(), caller.clone(), view.attr.clone(), view.etag.clone());
+            Some(blocking(move || part_range(&e, &c, &a, &t, n)).await?)
+        }
+        None => None,
+    };
+    let (range, content_range) = match (&part, asked.range) {
+        (Some((r, _)), _) => (r.clone(), (!r.is_empty()).then(|| content_range(r, size))),
+        (None, None) => (0..size, None),
+        (None, Some(r)) => {
+            let r = r.check(size).map_err(|e| invalid_range(e, range_header, size))?;
+            let cr = content_range(&r, size);
+            (r, Some(cr))
+        }
+    };
+    let parts_count = part.map_or_else(|| parts_count(&view.etag), |(_, count)| count);
+    Ok(Selected { view, range, content_range, parts_count })
+}
+
 fn content_range(r: &std::ops::Range<u64>, size: u64) -> String {
     format!("bytes {}-{}/{}", r.start, r.end - 1, size)
 }
@@ -1795,43 +1844,21 @@ impl S3 for AquiferS3 {
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
         let caller = self.caller(&req)?;
         let input = req.input;
-        let vid = check_version_id(input.version_id.as_deref())?;
-        if input.part_number.is_some() && input.range.is_some() {
-            return Err(err(S3ErrorCode::InvalidRequest, "a Range header and partNumber cannot both be given"));
-        }
-        let engine = self.engine.clone();
-        let (e, c, bucket, key) = (engine.clone(), caller.clone(), input.bucket.clone(), input.key.clone());
-        let view = blocking(move || view_object(&e, &c, &bucket, &key, vid.as_deref())).await?;
         let conds = Conditions {
             if_match: input.if_match.as_ref(),
             if_none_match: input.if_none_match.as_ref(),
             if_modified_since: input.if_modified_since.as_ref(),
             if_unmodified_since: input.if_unmodified_since.as_ref(),
         };
-        conds.check(&view.etag, view.attr.mtime_ns, true)?;
-        let size = view.attr.size;
-        let part = match input.part_number {
-            Some(n) => {
-                let (e, c, a, t) = (engine.clone(), caller.clone(), view.attr.clone(), view.etag.clone());
-                Some(blocking(move || part_range(&e, &c, &a, &t, n)).await?)
-            }
-            None => None,
-        };
-        let (range, content_range) = match (&part, &input.range) {
-            (Some((r, _)), _) => (r.clone(), (!r.is_empty()).then(|| content_range(r, size))),
-            (None, None) => (0..size, None),
-            (None, Some(r)) => {
-                let r = r.check(size).map_err(|e| invalid_range(e, req.headers.get(http::header::RANGE), size))?;
-                let cr = content_range(&r, size);
-                (r, Some(cr))
-            }
-        };
-        let body = if range.is_empty() { None } else { Some(read_stream(engine, caller, view.attr.ino, range.start, range.end)) };
+        let asked = ObjectAsked { bucket: &input.bucket, key: &input.key, version_id: input.version_id.as_deref(), part_number: input.part_number, range: input.range.as_ref() };
+        let sel = select_object(&self.engine, &caller, asked, conds, req.headers.get(http::header::RANGE)).await?;
+        let (view, range) = (sel.view, sel.range);
+        let body = if range.is_empty() { None } else { Some(read_stream(self.engine.clone(), caller, view.attr.ino, range.start, range.end)) };
         let meta = view.meta;
         let out = GetObjectOutput {
             body,
             content_length: Some((range.end - range.start) as i64),
-            content_range,
+            content_range: sel.content_range,
             accept_ranges: Some("bytes".into()),
             last_modified: Some(timestamp(view.attr.mtime_ns)),
             e_tag: Some(quoted(&view.etag)),
@@ -1843,7 +1870,7 @@ impl S3 for AquiferS3 {
             expires: input.response_expires.or_else(|| expires_of(&meta)),
             metadata: user_metadata(&meta),
             tag_count: (view.tags > 0).then_some(view.tags as i32),
-            parts_count: part.map_or_else(|| parts_count(&view.etag), |(_, count)| count),
+            parts_count: sel.parts_count,
             storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
             version_id: view.version_id,
             ..Default::default()
@@ -1854,41 +1881,20 @@ impl S3 for AquiferS3 {
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
         let caller = self.caller(&req)?;
         let input = req.input;
-        let vid = check_version_id(input.version_id.as_deref())?;
-        if input.part_number.is_some() && input.range.is_some() {
-            return Err(err(S3ErrorCode::InvalidRequest, "a Range header and partNumber cannot both be given"));
-        }
-        let engine = self.engine.clone();
-        let (e, c, bucket, key) = (engine.clone(), caller.clone(), input.bucket.clone(), input.key.clone());
-        let view = blocking(move || view_object(&e, &c, &bucket, &key, vid.as_deref())).await?;
         let conds = Conditions {
             if_match: input.if_match.as_ref(),
             if_none_match: input.if_none_match.as_ref(),
             if_modified_since: input.if_modified_since.as_ref(),
             if_unmodified_since: input.if_unmodified_since.as_ref(),
         };
-        conds.check(&view.etag, view.attr.mtime_ns, true)?;
-        let size = view.attr.size;
-        let part = match input.part_number {
-            Some(n) => {
-                let (a, t) = (view.attr.clone(), view.etag.clone());
-                Some(blocking(move || part_range(&engine, &caller, &a, &t, n)).await?)
-            }
-            None => None,
-        };
-        let (len, content_range) = match (&part, &input.range) {
-            (Some((r, _)), _) => (r.end - r.start, (!r.is_empty()).then(|| content_range(r, size))),
-            (None, None) => (size, None),
-            (None, Some(r)) => {
-                let r = r.check(size).map_err(|e| invalid_range(e, req.headers.get(http::header::RANGE), size))?;
-                (r.end - r.start, Some(content_range(&r, size)))
-            }
-        };
+        let asked = ObjectAsked { bucket: &input.bucket, key: &input.key, version_id: input.version_id.as_deref(), part_number: input.part_number, range: input.range.as_ref() };
+        let sel = select_object(&self.engine, &caller, asked, conds, req.headers.get(http::header::RANGE)).await?;
+        let view = sel.view;
         let meta = view.meta;
         let tags = view.tags;
         let mut resp = S3Response::new(HeadObjectOutput {
-            content_length: Some(len as i64),
-            content_range,
+            content_length: Some((sel.range.end - sel.range.start) as i64),
+            content_range: sel.content_range,
             accept_ranges: Some("bytes".into()),
             last_modified: Some(timestamp(view.attr.mtime_ns)),
             e_tag: Some(quoted(&view.etag)),
@@ -1899,7 +1905,7 @@ impl S3 for AquiferS3 {
             cache_control: meta.cache_control.clone(),
             expires: expires_of(&meta),
             metadata: user_metadata(&meta),
-            parts_count: part.map_or_else(|| parts_count(&view.etag), |(_, count)| count),
+            parts_count: sel.parts_count,
             storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
             version_id: view.version_id,
             ..Default::default()
