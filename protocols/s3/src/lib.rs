@@ -36,7 +36,7 @@ pub use lifecycle::{LIFECYCLE_RULES_MAX, lifecycle_pass, lifecycle_pass_with_day
 pub use policy::POLICY_BYTES_MAX;
 pub use post::{FORM_FIELDS_BYTES_MAX, POST_OBJECT_BYTES_MAX};
 pub use server::{CONNECTIONS_MAX, SHUTDOWN_GRACE_MS, serve};
-pub use service::{LIST_KEYS_DEFAULT, PART_BYTES_MIN, PUT_CHUNK_BYTES, READ_PIECE_BYTES_MAX};
+pub use service::{LIST_KEYS_DEFAULT, PART_BYTES_MIN, PUT_CHUNK_BYTES, READ_PIECE_BYTES_MAX, SMALL_PUT_BYTES};
 
 /// How the S3 listener behaves.
 #[derive(Debug, Clone, Default)]

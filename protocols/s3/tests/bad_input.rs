@@ -398,3 +398,46 @@ async fn a_put_refused_before_its_body_closes_the_connection() {
     assert_eq!(s.call("HEAD", "/bkt/a/b", &[], vec![]).await.0, 404);
     s.stop().await;
 }
+
+/// Standard base64 with padding (for Content-MD5).
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// A body whose Content-MD5 does not match is refused with `400 BadDigest` and leaves the
+/// key as it was, for a small body (stored in one step) and a large one (streamed) alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_fails_its_content_md5_changes_nothing() {
+    use md5::{Digest, Md5};
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/digest", &[], vec![]).await.0, 200);
+    for (key, len) in [("small", 4096usize), ("large", aquifer_s3::SMALL_PUT_BYTES + 70_000)] {
+        let body: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let good = base64(&Md5::digest(&body));
+        let wrong = base64(&Md5::digest(b"something else"));
+        let path = format!("/digest/{key}");
+        let res = s.signed("PUT", &path, &[], body.clone()).header("content-md5", wrong.as_str()).send().await.unwrap();
+        assert_eq!(res.status().as_u16(), 400, "{key}");
+        assert_eq!(error_code(&res.text().await.unwrap()), "BadDigest");
+        assert_eq!(s.call("GET", &path, &[], vec![]).await.0, 404, "a refused {key} PUT leaves nothing");
+        let res = s.signed("PUT", &path, &[], body.clone()).header("content-md5", good.as_str()).send().await.unwrap();
+        assert_eq!(res.status().as_u16(), 200, "{key}");
+        let res = s.signed("PUT", &path, &[], b"other".to_vec()).header("content-md5", wrong.as_str()).send().await.unwrap();
+        assert_eq!(res.status().as_u16(), 400);
+        let res = s.signed("GET", &path, &[], vec![]).send().await.unwrap();
+        assert_eq!(res.bytes().await.unwrap().as_ref(), &body[..], "a refused overwrite of {key} keeps the object");
+    }
+    s.stop().await;
+}
