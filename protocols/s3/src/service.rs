@@ -891,19 +891,21 @@ fn publish(engine: &Engine, caller: &Caller, bucket: Ino, key: &str, ino: Ino, e
 /// Streams [start, end) of a file, reading ahead [`READ_AHEAD_PIECES`] pieces. A read error
 /// (e.g. the object was replaced meanwhile) ends the body early, which aborts the response.
 fn read_stream(engine: Arc<Engine>, caller: Caller, ino: Ino, start: u64, end: u64) -> StreamingBlob {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(READ_AHEAD_PIECES);
+    // A read comes back in pieces of at most one 1 MiB shard each.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(READ_AHEAD_PIECES * READ_PIECE_BYTES_MAX.div_ceil(1 << 20));
     tokio::spawn(async move {
         let mut off = start;
         while off < end {
             let len = READ_PIECE_BYTES_MAX.min((end - off) as usize);
             let (e, c) = (engine.clone(), caller.clone());
-            let res = match tokio::task::spawn_blocking(move || e.read(&c, ino, off, len)).await {
-                Ok(Ok(p)) if !p.is_empty() => Ok(p),
+            // The pieces are the drive reads' own buffers (no copy into one piece first).
+            let res = match tokio::task::spawn_blocking(move || e.read_shared(&c, ino, off, len)).await {
+                Ok(Ok(p)) if p.iter().any(|b| !b.is_empty()) => Ok(p),
                 Ok(Ok(_)) => Err("the object shrank while it was read".to_string()),
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
-            let piece = match res {
+            let pieces = match res {
                 Ok(p) => p,
                 Err(m) => {
                     tracing::debug!(ino, error = %m, "S3 download ended early");
@@ -911,13 +913,24 @@ fn read_stream(engine: Arc<Engine>, caller: Caller, ino: Ino, start: u64, end: u
                     return;
                 }
             };
-            off += piece.len() as u64;
-            if tx.send(Ok(Bytes::from(piece))).await.is_err() {
-                return; // the client went away
+            for piece in pieces {
+                off += piece.len() as u64;
+                if tx.send(Ok(Bytes::from_owner(Shared(piece)))).await.is_err() {
+                    return; // the client went away
+                }
             }
         }
     });
     StreamingBlob::wrap(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+}
+
+/// A piece of a read, sent as it lies in the drive buffer.
+struct Shared(storage_engine::ReadBytes);
+
+impl AsRef<[u8]> for Shared {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
 }
 
 struct ObjectView {
