@@ -222,7 +222,7 @@ mod big {
     pub(super) const KEPT_BYTES_MAX: usize = 64 << 20;
 
     struct Kept {
-        /// (capacity, address) of each kept buffer.
+        /// (capacity, address) of each kept buffer, longest kept first.
         bufs: Vec<(usize, NonNull<u8>)>,
         bytes: usize,
     }
@@ -239,24 +239,42 @@ mod big {
             let mut k = KEPT.lock();
             if let Some(i) = k.bufs.iter().rposition(|(c, _)| *c == capacity) {
                 k.bytes -= capacity;
-                return Some((k.bufs.swap_remove(i).1, capacity));
+                return Some((k.bufs.remove(i).1, capacity));
             }
         }
         map(capacity).map(|p| (p, capacity))
     }
 
-    /// Keeps a buffer from [`take`] when there is room, else unmaps it.
+    /// Keeps a buffer from [`take`], unmapping the longest-kept ones as needed to stay within
+    /// [`KEPT_BYTES_MAX`]: what is kept follows the sizes reads use now, so buffers of a size
+    /// no longer asked for do not crowd out the ones that are.
     pub(super) fn give(ptr: NonNull<u8>, capacity: usize) {
-        {
+        let mut unmap = Vec::new();
+        if capacity > KEPT_BYTES_MAX {
+            unmap.push((capacity, ptr));
+        } else {
             let mut k = KEPT.lock();
-            if k.bytes + capacity <= KEPT_BYTES_MAX {
-                k.bytes += capacity;
-                k.bufs.push((capacity, ptr));
-                return;
+            let mut evicted = 0;
+            while k.bytes + capacity > KEPT_BYTES_MAX {
+                let old = k.bufs[evicted];
+                k.bytes -= old.0;
+                unmap.push(old);
+                evicted += 1;
             }
+            k.bufs.drain(..evicted);
+            k.bytes += capacity;
+            k.bufs.push((capacity, ptr));
         }
-        // SAFETY: `ptr` is a mapping of `capacity` bytes made by `map`, owned by the caller.
-        unsafe { libc::munmap(ptr.as_ptr().cast(), capacity) };
+        for (capacity, ptr) in unmap {
+            // SAFETY: a mapping of `capacity` bytes made by `map`, owned by nobody else now.
+            unsafe { libc::munmap(ptr.as_ptr().cast(), capacity) };
+        }
+    }
+
+    /// Bytes kept now.
+    #[cfg(test)]
+    pub(super) fn kept_bytes() -> usize {
+        KEPT.lock().bytes
     }
 
     /// A private anonymous mapping of `capacity` bytes (a multiple of the huge page size),
@@ -389,6 +407,14 @@ mod tests {
             let hidden = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| again[0]));
             assert!(hidden.is_err(), "a kept buffer's old bytes are not readable before a read fills it");
         }
+        // More freed than is kept: the pool stays within its bound, keeping the latest.
+        let n = big::KEPT_BYTES_MAX / (8 << 20) + 3;
+        let bufs: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::for_read(8 << 20)).collect();
+        let last = bufs.last().unwrap().ptr.as_ptr() as usize;
+        drop(bufs);
+        assert!(big::kept_bytes() <= big::KEPT_BYTES_MAX);
+        let mut again = AlignedBuf::for_read(8 << 20);
+        assert_eq!(again.read_ptr(0) as usize, last, "the last freed is kept");
     }
 
     #[test]
