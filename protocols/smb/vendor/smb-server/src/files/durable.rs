@@ -529,12 +529,14 @@ impl DurableTable {
         if leased && entry.client != claim.client {
             return Err(not_found());
         }
-        // MS-SMB2 3.3.5.9.12: a version 2 reconnect names the CreateGuid of
-        // a version 2 open. A version 1 reconnect checks none.
+        // MS-SMB2 3.3.5.9.12: a version 2 reconnect names the open's
+        // CreateGuid, which for a version 1 open is all zeros (Aquifer patch:
+        // Windows takes a version 1 open back that way). A version 1
+        // reconnect checks none.
         let v2 = claim.create_guid.is_some();
         if claim
             .create_guid
-            .is_some_and(|guid| entry.durability.create_guid != Some(guid))
+            .is_some_and(|guid| entry.durability.create_guid.unwrap_or([0; 16]) != guid)
         {
             return Err(not_found());
         }
@@ -1058,8 +1060,10 @@ mod tests {
             not_found
         );
         assert_eq!(status(f.table.claim(v2_id, &with(2, Some(guid)))), 0);
-        // A version 1 reconnect of a version 1 open checks no CreateGuid.
-        assert_eq!(status(f.table.claim(v1_id, &with(1, None))), 0);
+        // A version 2 reconnect of a version 1 open names an all-zero
+        // CreateGuid (a version 1 reconnect checks none, see
+        // a_claim_checks_the_reconnect_in_the_order_of_the_spec).
+        assert_eq!(status(f.table.claim(v1_id, &with(1, Some([0; 16])))), 0);
     }
 
     #[tokio::test]
