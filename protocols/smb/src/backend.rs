@@ -446,7 +446,10 @@ impl Stamp {
 /// read-ahead budget until dropped.
 struct Chunk {
     offset: u64,
-    data: Bytes,
+    /// The bytes from `offset`, in the pieces the drive reads left them (one 1 MiB shard
+    /// each for striped data): a READ within one piece is sent from it without a copy.
+    pieces: Vec<Bytes>,
+    len: usize,
     stamp: Stamp,
     budget: Arc<AtomicUsize>,
     /// `data` is all the file had from `offset` (a short engine read): nothing follows it.
@@ -455,14 +458,45 @@ struct Chunk {
 
 impl Chunk {
     fn covers(&self, offset: u64, len: u64) -> bool {
-        let end = self.offset + self.data.len() as u64;
+        let end = self.offset + self.len as u64;
         offset >= self.offset && (offset + len <= end || (self.at_eof && offset <= end))
+    }
+}
+
+impl Chunk {
+    /// Bytes `from..to` of the chunk (relative to its start): a slice of one piece, or a copy
+    /// when the range crosses pieces.
+    fn slice(&self, from: usize, to: usize) -> Bytes {
+        let mut at = 0;
+        let mut out: Option<Vec<u8>> = None;
+        for p in &self.pieces {
+            let (start, end) = (at, at + p.len());
+            at = end;
+            if end <= from || to <= start {
+                continue;
+            }
+            let (a, b) = (from.max(start) - start, to.min(end) - start);
+            if out.is_none() && from >= start && to <= end {
+                return p.slice(a..b);
+            }
+            out.get_or_insert_with(|| Vec::with_capacity(to - from)).extend_from_slice(&p[a..b]);
+        }
+        out.map(Bytes::from).unwrap_or_default()
+    }
+}
+
+/// A piece of a read, as it lies in the drive buffer.
+struct Shared(storage_engine::ReadBytes);
+
+impl AsRef<[u8]> for Shared {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
     }
 }
 
 impl Drop for Chunk {
     fn drop(&mut self) {
-        self.budget.fetch_sub(self.data.len(), Ordering::Relaxed);
+        self.budget.fetch_sub(self.len, Ordering::Relaxed);
     }
 }
 
@@ -488,10 +522,11 @@ impl ReadAhead {
 /// racing the read makes the chunk stale rather than the stamp new.
 fn read_chunk(engine: &Engine, caller: &Caller, ino: Ino, offset: u64, len: usize, budget: Arc<AtomicUsize>) -> SmbResult<Chunk> {
     let stamp = Stamp::of(&engine.getattr(caller, ino).map_err(smb_error)?);
-    let data = engine.read(caller, ino, offset, len).map_err(smb_error)?;
-    budget.fetch_add(data.len(), Ordering::Relaxed);
-    let at_eof = data.len() < len;
-    Ok(Chunk { offset, data: Bytes::from(data), stamp, budget, at_eof })
+    let pieces: Vec<Bytes> = engine.read_shared(caller, ino, offset, len).map_err(smb_error)?.into_iter().map(|p| Bytes::from_owner(Shared(p))).collect();
+    let total = pieces.iter().map(Bytes::len).sum::<usize>();
+    budget.fetch_add(total, Ordering::Relaxed);
+    let at_eof = total < len;
+    Ok(Chunk { offset, pieces, len: total, stamp, budget, at_eof })
 }
 
 impl EngineHandle {
@@ -554,9 +589,9 @@ impl Handle for EngineHandle {
         }
         let chunk = ra.chunk.as_ref().expect("chunk installed above");
         let from = (offset - chunk.offset) as usize;
-        let to = (from + len as usize).min(chunk.data.len());
-        let out = chunk.data.slice(from.min(to)..to);
-        let (chunk_end, at_eof) = (chunk.offset + chunk.data.len() as u64, chunk.at_eof);
+        let to = (from + len as usize).min(chunk.len);
+        let out = chunk.slice(from.min(to), to);
+        let (chunk_end, at_eof) = (chunk.offset + chunk.len as u64, chunk.at_eof);
         ra.next = offset + out.len() as u64;
         // Read the next chunks while the client takes this one, not past the file's end.
         while !at_eof && ra.pending.len() < READ_AHEAD_DEPTH && self.ahead_bytes.load(Ordering::Relaxed) + READ_AHEAD <= READ_AHEAD_BUDGET {
@@ -939,5 +974,27 @@ mod tests {
             assert!(bad.parse::<SmbPath>().is_err(), "{bad}");
         }
         engine.shutdown().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_slices_within_a_piece_without_copying_and_copies_across_pieces() {
+        let budget = Arc::new(AtomicUsize::new(6));
+        let pieces = vec![Bytes::from_static(b"abc"), Bytes::from_static(b"de"), Bytes::from_static(b"f")];
+        let c = Chunk { offset: 100, pieces, len: 6, stamp: Stamp { size: 106, mtime_ns: 0, ctime_ns: 0 }, budget: budget.clone(), at_eof: true };
+        let within = c.slice(1, 3);
+        assert_eq!(&within[..], b"bc");
+        assert_eq!(within.as_ptr(), c.pieces[0][1..].as_ptr(), "a slice of the piece, not a copy");
+        assert_eq!(&c.slice(2, 5)[..], b"cde");
+        assert_eq!(&c.slice(0, 6)[..], b"abcdef");
+        assert_eq!(&c.slice(5, 6)[..], b"f");
+        assert!(c.slice(6, 6).is_empty());
+        assert!(c.covers(103, 3) && c.covers(106, 10) && !c.covers(99, 1));
+        drop(c);
+        assert_eq!(budget.load(Ordering::Relaxed), 0, "the read-ahead budget is given back");
     }
 }
