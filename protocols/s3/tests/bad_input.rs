@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{error_code, start};
+use common::{base64, error_code, start};
 use tokio::io::AsyncWriteExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -397,23 +397,6 @@ async fn a_put_refused_before_its_body_closes_the_connection() {
     // Nothing was stored, and the service goes on answering on new connections.
     assert_eq!(s.call("HEAD", "/bkt/a/b", &[], vec![]).await.0, 404);
     s.stop().await;
-}
-
-/// Standard base64 with padding (for Content-MD5).
-fn base64(bytes: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in bytes.chunks(3) {
-        let n = (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= c.len() {
-                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 /// A body whose Content-MD5 does not match is refused with `400 BadDigest` and leaves the

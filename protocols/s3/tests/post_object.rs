@@ -4,26 +4,10 @@
 
 mod common;
 
-use common::{REGION, Server, amz_now, error_code, hmac, start};
+use common::{REGION, Server, amz_now, base64, error_code, hmac, start};
 use serde_json::{Value, json};
 
 const FUTURE: &str = "2099-01-01T00:00:00.000Z";
-
-fn b64(data: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in data.chunks(3) {
-        let n = (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= c.len() {
-                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
 
 /// The SigV4 fields of a form signed with alice's key: the policy (with the `x-amz-*`
 /// conditions SigV4 asks for) and its signature.
@@ -33,7 +17,7 @@ fn signed(s: &Server, expiration: &str, mut conditions: Vec<Value>) -> Vec<(Stri
     conditions.push(json!({"x-amz-algorithm": "AWS4-HMAC-SHA256"}));
     conditions.push(json!({"x-amz-credential": cred}));
     conditions.push(json!({"x-amz-date": amz_date}));
-    let policy = b64(json!({"expiration": expiration, "conditions": conditions}).to_string().as_bytes());
+    let policy = base64(json!({"expiration": expiration, "conditions": conditions}).to_string().as_bytes());
     let mut key = hmac(format!("AWS4{}", s.secret).as_bytes(), day.as_bytes());
     for part in [REGION, "s3", "aws4_request"] {
         key = hmac(&key, part.as_bytes());
