@@ -453,7 +453,8 @@ fn is_administrator(c: &Caller) -> bool {
 
 /// S3's default for what neither a bucket policy nor a stored ACL decides: a bucket and
 /// its objects belong to their owner. A signed-in user who owns neither the bucket nor the
-/// object gets no more than an anonymous client would (public-read buckets and objects),
+/// object gets no more than an anonymous client would (the listing of a public-read
+/// bucket, public-read objects, a 404 for a key missing from a bucket it may list),
 /// however the file modes read; administrators keep their powers. Whatever is admitted
 /// still runs with the requester's own permissions, which the engine checks.
 fn private_check(engine: &Engine, c: &Caller, bucket: &str, key: Option<&str>, op: &str, versioned: bool) -> S3Result<()> {
