@@ -243,6 +243,11 @@ pub struct BackendCapabilities {
     pub is_read_only: bool,
     /// True iff the backend treats names case-sensitively.
     pub case_sensitive: bool,
+    /// The backend stores extended attributes (Aquifer patch; see
+    /// [`Handle::extended_attributes`]). Without, a CREATE carrying an EA
+    /// buffer and a SET_INFO of FileFullEaInformation are
+    /// STATUS_EAS_NOT_SUPPORTED.
+    pub extended_attributes: bool,
 }
 
 // ---------------------------------------------------------------------------
@@ -298,6 +303,18 @@ pub trait ShareBackend: Send + Sync + 'static {
     /// [`VolumeInfo::default`].
     async fn volume_info(&self) -> SmbResult<VolumeInfo> {
         Ok(VolumeInfo::default())
+    }
+
+    /// `path` with each component that names nothing but is the short name
+    /// ([`crate::short_name`]) of an entry of its directory replaced by that
+    /// entry's name; `None` when no component was replaced (Aquifer patch).
+    /// CREATE asks this for a path with a component that
+    /// [`crate::looks_like_short_name`], before anything else, so an open by
+    /// a short name is an open of the long name in every respect. A long
+    /// name that exists wins over a short name spelled the same. The default
+    /// replaces nothing.
+    async fn resolve_short_names(&self, _path: &SmbPath) -> SmbResult<Option<SmbPath>> {
+        Ok(None)
     }
 }
 
@@ -408,6 +425,33 @@ pub trait Handle: Send + Sync {
     /// administrator, the owner only by an administrator). The default
     /// refuses with [`SmbError::NotSupported`].
     async fn set_unix_security(&self, _change: UnixSecurityChange) -> SmbResult<()> {
+        Err(SmbError::NotSupported)
+    }
+
+    /// The file's extended attributes (Aquifer patch), in a stable order:
+    /// FileFullEaInformation lists them in it and counts positions in it.
+    /// Names are well-formed ([`crate::ExtendedAttribute`]) and values not
+    /// empty. The default, none, suits a backend that stores none.
+    async fn extended_attributes(&self) -> SmbResult<Vec<crate::ExtendedAttribute>> {
+        Ok(Vec::new())
+    }
+
+    /// EaSize of the file's extended attributes (MS-FSA 2.1.5.12.10; Aquifer
+    /// patch), which FileEaInformation and FileAllInformation report to any
+    /// open. The default counts [`Handle::extended_attributes`]; a backend
+    /// whose reads of attribute values need more than the open has
+    /// overrides it.
+    async fn ea_size(&self) -> SmbResult<u32> {
+        Ok(crate::ea::ea_size(&self.extended_attributes().await?))
+    }
+
+    /// Applies `changes` to the file's extended attributes (Aquifer patch):
+    /// each sets the attribute of its name, replacing one whose name differs
+    /// only in ASCII case, or removes it when its value is empty (nothing to
+    /// remove is no error). The protocol layer has checked the names and the
+    /// size of the result. The default refuses with
+    /// [`SmbError::NotSupported`].
+    async fn set_extended_attributes(&self, _changes: Vec<crate::ExtendedAttribute>) -> SmbResult<()> {
         Err(SmbError::NotSupported)
     }
 
@@ -524,6 +568,7 @@ impl ShareBackend for NotSupportedBackend {
         BackendCapabilities {
             is_read_only: true,
             case_sensitive: false,
+            extended_attributes: false,
         }
     }
 }

@@ -42,6 +42,9 @@ pub enum SmbError {
     DiskFull,
     #[error("disk quota exceeded")]
     QuotaExceeded,
+    /// An extended attribute name the backend cannot store (Aquifer patch).
+    #[error("invalid extended attribute name")]
+    InvalidEaName,
 }
 
 impl SmbError {
@@ -62,6 +65,7 @@ impl SmbError {
             SmbError::Io(_) => ntstatus::STATUS_UNEXPECTED_IO_ERROR,
             SmbError::DiskFull => ntstatus::STATUS_DISK_FULL,
             SmbError::QuotaExceeded => ntstatus::STATUS_DISK_QUOTA_EXCEEDED,
+            SmbError::InvalidEaName => ntstatus::STATUS_INVALID_EA_NAME,
         }
     }
 }

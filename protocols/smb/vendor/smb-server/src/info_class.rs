@@ -38,6 +38,7 @@ pub const FILE_NETWORK_OPEN_INFORMATION: u8 = 0x22;
 pub const FILE_ATTRIBUTE_TAG_INFORMATION: u8 = 0x23;
 pub const FILE_ID_BOTH_DIRECTORY_INFORMATION: u8 = 0x25;
 pub const FILE_ID_FULL_DIRECTORY_INFORMATION: u8 = 0x26;
+pub const FILE_NORMALIZED_NAME_INFORMATION: u8 = 0x30;
 
 // ---------------------------------------------------------------------------
 // FileBasicInformation (MS-FSCC §2.4.7) - 40 bytes
@@ -91,8 +92,19 @@ pub fn encode_file_internal_information(file_index: u64) -> Vec<u8> {
 // FileEaInformation (MS-FSCC §2.4.12) - 4 bytes
 // ---------------------------------------------------------------------------
 
-pub fn encode_file_ea_information() -> Vec<u8> {
-    0u32.to_le_bytes().to_vec()
+/// `ea_size` as MS-FSA 2.1.5.12.10 counts it (Aquifer patch; upstream 0).
+pub fn encode_file_ea_information(ea_size: u32) -> Vec<u8> {
+    ea_size.to_le_bytes().to_vec()
+}
+
+/// FILE_NAME_INFORMATION (MS-FSCC 2.1.7) holding `name`: FileAlternateNameInformation and
+/// FileNormalizedNameInformation (Aquifer patch).
+pub fn encode_file_name_information(name: &str) -> Vec<u8> {
+    let name = utf16le(name);
+    let mut out = Vec::with_capacity(4 + name.len());
+    out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+    out.extend_from_slice(&name);
+    out
 }
 
 // ---------------------------------------------------------------------------
@@ -165,6 +177,7 @@ pub fn encode_file_all_information(
     links: u32,
     delete_pending: bool,
     position: u64,
+    ea_size: u32,
     name: &str,
 ) -> Vec<u8> {
     let mut out = Vec::new();
@@ -175,7 +188,7 @@ pub fn encode_file_all_information(
         delete_pending,
     ));
     out.extend_from_slice(&encode_file_internal_information(info.file_index));
-    out.extend_from_slice(&encode_file_ea_information());
+    out.extend_from_slice(&encode_file_ea_information(ea_size));
     out.extend_from_slice(&encode_file_access_information(access_mask));
     out.extend_from_slice(&encode_file_position_information(position));
     out.extend_from_slice(&encode_file_mode_information(0));
@@ -384,10 +397,7 @@ pub fn encode_dir_entry(class: u8, entry: &DirEntry) -> Vec<u8> {
             let mut out = Vec::new();
             write_dir_entry_prefix(&mut out, info, name_u16.len());
             out.extend_from_slice(&0u32.to_le_bytes()); // EaSize
-            out.push(0); // ShortNameLength
-            out.push(0); // Reserved1
-            // ShortName: 24 bytes (12 UTF-16 chars).
-            out.extend_from_slice(&[0u8; 24]);
+            write_short_name(&mut out, &info.name);
             out.extend_from_slice(&name_u16);
             out
         }
@@ -395,9 +405,7 @@ pub fn encode_dir_entry(class: u8, entry: &DirEntry) -> Vec<u8> {
             let mut out = Vec::new();
             write_dir_entry_prefix(&mut out, info, name_u16.len());
             out.extend_from_slice(&0u32.to_le_bytes()); // EaSize
-            out.push(0); // ShortNameLength
-            out.push(0); // Reserved1
-            out.extend_from_slice(&[0u8; 24]); // ShortName
+            write_short_name(&mut out, &info.name);
             out.extend_from_slice(&0u16.to_le_bytes()); // Reserved2
             out.extend_from_slice(&info.file_index.to_le_bytes()); // FileId
             out.extend_from_slice(&name_u16);
@@ -422,6 +430,19 @@ pub fn encode_dir_entry(class: u8, entry: &DirEntry) -> Vec<u8> {
         }
         _ => Vec::new(),
     }
+}
+
+/// ShortNameLength, Reserved1 and the 24 bytes of ShortName (Aquifer patch;
+/// upstream left them empty): the short name of `name`, none for a name that
+/// is an 8.3 name itself, as NTFS and Samba list them.
+fn write_short_name(out: &mut Vec<u8>, name: &str) {
+    let short = crate::short_name::short_name(name).map(|s| utf16le(&s)).unwrap_or_default();
+    debug_assert!(short.len() <= 24, "a short name is at most 12 characters");
+    out.push(short.len() as u8);
+    out.push(0);
+    let at = out.len();
+    out.extend_from_slice(&short);
+    out.resize(at + 24, 0);
 }
 
 fn write_dir_entry_prefix(out: &mut Vec<u8>, info: &FileInfo, name_len: usize) {
@@ -516,7 +537,7 @@ mod tests {
 
     #[test]
     fn file_all_information_empty_name_keeps_linux_minimum_size() {
-        let bytes = encode_file_all_information(&fake_info(), 0x001F_01FF, 1, false, 0, "");
+        let bytes = encode_file_all_information(&fake_info(), 0x001F_01FF, 1, false, 0, 0, "");
         assert_eq!(bytes.len(), 101);
         // FileNameLength
         assert_eq!(bytes[96..100], [0; 4]);
@@ -525,7 +546,7 @@ mod tests {
     #[test]
     fn file_all_information_ends_with_the_name() {
         let bytes =
-            encode_file_all_information(&fake_info(), 0x001F_01FF, 1, false, 0, "\\d\\f.txt");
+            encode_file_all_information(&fake_info(), 0x001F_01FF, 1, false, 0, 0, "\\d\\f.txt");
         assert_eq!(bytes[96..100], 16u32.to_le_bytes());
         assert_eq!(bytes[100..], utf16le("\\d\\f.txt"));
     }
@@ -553,5 +574,30 @@ mod tests {
         let bytes = encode_fs_sector_size_information(4096);
         assert_eq!(bytes.len(), 28);
         assert_eq!(bytes[0..4], 4096u32.to_le_bytes());
+    }
+
+    #[test]
+    fn both_directory_listings_carry_the_short_name_of_a_long_name() {
+        let long = DirEntry {
+            info: FileInfo {
+                name: "A long name.text".to_string(),
+                ..fake_info()
+            },
+        };
+        let short = crate::short_name::short_name("A long name.text").unwrap();
+        for (class, at) in [
+            (FILE_BOTH_DIRECTORY_INFORMATION, 68),
+            (FILE_ID_BOTH_DIRECTORY_INFORMATION, 68),
+        ] {
+            let bytes = encode_dir_entry(class, &long);
+            let units = utf16le(&short);
+            assert_eq!(bytes[at] as usize, units.len(), "ShortNameLength");
+            assert_eq!(bytes[at + 2..at + 2 + units.len()], units[..]);
+            assert!(bytes[at + 2 + units.len()..at + 26].iter().all(|&b| b == 0));
+            assert_eq!(bytes.len(), dir_entry_name_offset(class).unwrap() + utf16le("A long name.text").len());
+            // A name that is 8.3 itself has no other short name.
+            let plain = encode_dir_entry(class, &DirEntry { info: fake_info() });
+            assert_eq!(plain[at], 0);
+        }
     }
 }

@@ -319,6 +319,7 @@ pub(crate) mod conn;
 #[cfg(feature = "discovery")]
 mod discovery;
 mod dispatch;
+mod ea;
 mod error;
 mod files;
 #[cfg(feature = "localfs")]
@@ -332,6 +333,7 @@ mod request_identity;
 mod rpc;
 mod security;
 mod server;
+mod short_name;
 #[cfg(test)]
 mod tests {
     mod async_requests;
@@ -357,7 +359,9 @@ pub use builder::{Access, BuildError, Share, SmbServerBuilder};
 pub use bytes::Bytes;
 #[cfg(feature = "discovery")]
 pub use discovery::Discovery;
+pub use ea::{ExtendedAttribute, ea_size, valid_ea_name};
 pub use error::{SmbError, SmbResult};
+pub use short_name::{is_8_3, looks_like_short_name, short_name};
 pub use files::{
     DEFAULT_DURABLE_HANDLE_TIMEOUT, DEFAULT_MAX_DISCONNECTED_OPENS, DEFAULT_MAX_LOCKS_PER_OPEN,
     DEFAULT_MAX_OPENS_PER_CONNECTION,

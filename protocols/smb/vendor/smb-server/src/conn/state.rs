@@ -631,6 +631,10 @@ pub struct Open {
     /// for deletion (MS-FSA Open.ChangeNotifyDirectoryMarkedDeleted). It
     /// stays set when the mark is cleared.
     pub(crate) marked_deleted: AtomicBool,
+    /// Open.NextEaEntry (MS-FSA 2.1.5.12.12; Aquifer patch): the position,
+    /// in the file's list of extended attributes, where a
+    /// FileFullEaInformation query without SL_RESTART_SCAN goes on.
+    pub(crate) next_ea_entry: std::sync::atomic::AtomicUsize,
 }
 
 impl Open {

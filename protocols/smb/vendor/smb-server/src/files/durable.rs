@@ -848,6 +848,7 @@ mod tests {
                 wrote: Default::default(),
                 created: false,
                 marked_deleted: Default::default(),
+                next_ea_entry: Default::default(),
             }))
         }
 

@@ -322,6 +322,7 @@ mod tests {
             wrote: Default::default(),
             created: false,
             marked_deleted: Default::default(),
+            next_ea_entry: Default::default(),
         });
         let in_table = || {
             share.files.path_is_open(&path, false) || share.files.delete_pending_at(&path, false)

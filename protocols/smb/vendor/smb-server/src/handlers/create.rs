@@ -37,7 +37,9 @@ use crate::files::{
 use crate::handlers::reconnect::{self, Reconnect};
 use crate::handlers::shared::{lookup_session, lookup_session_tree};
 use crate::handlers::{Outcome, Pending};
+use crate::ea::{self, ExtendedAttribute};
 use crate::info_class::VOLUME_SERIAL_NUMBER;
+use crate::short_name;
 use crate::ntstatus;
 use crate::path::SmbPath;
 use crate::security::{self, SecurityDescriptor};
@@ -116,8 +118,9 @@ pub(super) struct ContextQueries {
     /// QUERY_MAXIMAL_ACCESS, with its timestamp if it has one.
     maximal_access: Option<Option<u64>>,
     query_on_disk_id: bool,
-    /// An EA buffer, which needs extended attributes (MS-SMB2 3.3.5.9.1).
-    ea_buffer: bool,
+    /// An EA buffer: the FILE_FULL_EA_INFORMATION list a file this CREATE
+    /// makes or overwrites takes (MS-SMB2 2.2.13.2.1; Aquifer patch).
+    ea_buffer: Option<Vec<u8>>,
     /// A timewarp token, which needs snapshots (MS-SMB2 3.3.5.9.4).
     timewarp: bool,
     /// Data of a lease request.
@@ -207,7 +210,7 @@ impl ContextQueries {
         Some(Self {
             maximal_access,
             query_on_disk_id,
-            ea_buffer: find(CreateContext::NAME_EXTA).is_some(),
+            ea_buffer: find(CreateContext::NAME_EXTA).map(|c| c.data.clone()),
             timewarp: find(CreateContext::NAME_TWRP).is_some(),
             lease: find(CreateContext::NAME_RQLS).map(|c| c.data.clone()),
             durable: durable_ask(&contexts, dialect).ok()?,
@@ -339,6 +342,8 @@ struct CreateArgs {
     opts: OpenOptions,
     sharing: Sharing,
     queries: ContextQueries,
+    /// Extended attributes a file this CREATE makes or overwrites takes.
+    eas: Vec<ExtendedAttribute>,
     lease: Option<LeaseRequest>,
     /// The oplock the CREATE asks for: NONE, II, EXCLUSIVE or BATCH.
     oplock: OplockLevel,
@@ -413,7 +418,16 @@ impl CreateArgs {
         if units.first() == Some(&u16::from(b'\\')) {
             return Err(ntstatus::STATUS_INVALID_PARAMETER);
         }
-        let path = SmbPath::from_utf16(&units).map_err(|_| ntstatus::STATUS_OBJECT_NAME_INVALID)?;
+        let mut path =
+            SmbPath::from_utf16(&units).map_err(|_| ntstatus::STATUS_OBJECT_NAME_INVALID)?;
+        // Aquifer patch: a component that names nothing but is the short
+        // name of an entry of its directory opens that entry, under its
+        // long name from here on (file table, leases, names reported).
+        if path.components().iter().any(|c| short_name::looks_like_short_name(c))
+            && let Ok(Some(long)) = share.backend.resolve_short_names(&path).await
+        {
+            path = long;
+        }
 
         // Translate disposition.
         let intent = match req.create_disposition {
@@ -445,9 +459,23 @@ impl CreateArgs {
             // There are no snapshots, so none matches the token.
             return Err(ntstatus::STATUS_OBJECT_NAME_NOT_FOUND);
         }
-        if queries.ea_buffer {
-            return Err(ntstatus::STATUS_EAS_NOT_SUPPORTED);
-        }
+        // Aquifer patch: the EA buffer is checked whole before anything is
+        // opened, so a bad one changes nothing (MS-FSA 2.1.5.15.5 rules;
+        // upstream refused every EA buffer). Empty values, which would
+        // remove an attribute, are left out.
+        let eas = match &queries.ea_buffer {
+            None => Vec::new(),
+            Some(_) if !share.backend.capabilities().extended_attributes => {
+                return Err(ntstatus::STATUS_EAS_NOT_SUPPORTED);
+            }
+            Some(buffer) => {
+                let eas = ea::merged(&[], &ea::parse_full_ea_list(buffer)?);
+                if ea::ea_list_length(&eas) > ea::EA_LIST_BYTES_MAX {
+                    return Err(ntstatus::STATUS_EA_TOO_LARGE);
+                }
+                eas
+            }
+        };
         // Directories get no lease, and neither do shares that turn leases off.
         let lease = if req.requested_oplock_level == OplockLevel::Lease as u8 && share.leases {
             lease_request(
@@ -539,6 +567,7 @@ impl CreateArgs {
                 share: req.share_access,
             },
             queries,
+            eas,
             lease,
             oplock,
             owner,
@@ -855,6 +884,23 @@ async fn attempt(
         }
     }
 
+    // A file this CREATE made or overwrote takes the EA buffer's attributes
+    // (Aquifer patch), as Samba applies them; a file it made goes again if
+    // they cannot be stored.
+    if action != OpenAction::Opened && !args.eas.is_empty() {
+        if let Err(e) = handle.set_extended_attributes(args.eas.clone()).await {
+            debug!(error = %e, path = %path, "create extended attributes not applied");
+            let _ = handle.close().await;
+            if action == OpenAction::Created {
+                let _ = backend.unlink(path).await;
+            }
+            return fail(match e {
+                SmbError::NotSupported => ntstatus::STATUS_EAS_NOT_SUPPORTED,
+                e => e.to_nt_status(),
+            });
+        }
+    }
+
     // Stat for the response.
     let mut info = match handle.stat().await {
         Ok(i) => i,
@@ -1054,6 +1100,7 @@ async fn attempt(
         wrote: Default::default(),
         created: action != OpenAction::Opened,
         marked_deleted: Default::default(),
+        next_ea_entry: Default::default(),
     };
     let open_arc = Arc::new(tokio::sync::RwLock::new(open));
     tree.opens.get_mut().insert(file_id, open_arc);

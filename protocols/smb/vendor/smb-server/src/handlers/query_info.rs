@@ -5,7 +5,12 @@ use std::sync::Arc;
 use crate::proto::header::Smb2Header;
 use crate::proto::messages::{Dialect, InfoType, QueryInfoRequest, QueryInfoResponse};
 
+use std::sync::atomic::Ordering;
+
 use crate::access_mask::READ_CONTROL;
+use crate::backend::Handle;
+use crate::ea::{self, ExtendedAttribute};
+use crate::short_name;
 use crate::conn::state::{Connection, Open};
 use crate::dispatch::HandlerResponse;
 use crate::error::SmbError;
@@ -36,6 +41,9 @@ enum Overflow {
     Truncate,
     /// Only whole entries are returned, with STATUS_BUFFER_OVERFLOW.
     WholeEntries,
+    /// Already cut to fit, answered with this status (Aquifer patch: a
+    /// FileFullEaInformation query that has entries left to return).
+    Fitted(u32),
 }
 
 pub async fn handle(
@@ -70,7 +78,13 @@ pub async fn handle(
 
     let open = open_arc.read().await;
     let result = match info_type {
-        InfoType::File => query_file(&open, req.file_information_class, cap).await,
+        InfoType::File => match query_file(&open, &req, cap, smb311).await {
+            // MS-FSA 2.1.5.12.12: no extended attribute fits; the size of
+            // the first one is what the client needs.
+            Err(Refusal::TooSmall(needed)) => return buffer_too_small(needed),
+            Err(Refusal::Status(status)) => Err(status),
+            Ok(reply) => Ok(reply),
+        },
         InfoType::FileSystem => {
             let share = Arc::clone(&tree_arc.read().await.share);
             query_filesystem(&open, &share, req.file_information_class, cap).await
@@ -91,11 +105,15 @@ pub async fn handle(
     };
 
     let mut status = ntstatus::STATUS_SUCCESS;
-    if buf.len() > cap {
+    if let Overflow::Fitted(fitted) = overflow {
+        debug_assert!(buf.len() <= cap, "a fitted reply fits");
+        status = fitted;
+    } else if buf.len() > cap {
         match overflow {
             Overflow::Never => return info_length_mismatch(smb311),
             Overflow::Truncate => buf.truncate(cap),
             Overflow::WholeEntries => buf.clear(),
+            Overflow::Fitted(_) => unreachable!("handled above"),
         }
         status = ntstatus::STATUS_BUFFER_OVERFLOW;
     }
@@ -183,8 +201,27 @@ async fn query_security(open: &Open, additional_information: u32) -> Result<Vec<
 /// A reply and how to cut it down when it is longer than OutputBufferLength.
 type Reply = Result<(Vec<u8>, Overflow), u32>;
 
+/// Why a file query failed.
+enum Refusal {
+    Status(u32),
+    /// STATUS_BUFFER_TOO_SMALL, with the length needed.
+    TooSmall(usize),
+}
+
+impl From<u32> for Refusal {
+    fn from(status: u32) -> Self {
+        Refusal::Status(status)
+    }
+}
+
 /// SMB2_0_INFO_FILE (MS-SMB2 3.3.5.20.1) for an OutputBufferLength of `cap`.
-async fn query_file(open: &Open, class: u8, cap: usize) -> Reply {
+async fn query_file(
+    open: &Open,
+    req: &QueryInfoRequest,
+    cap: usize,
+    smb311: bool,
+) -> Result<(Vec<u8>, Overflow), Refusal> {
+    let class = req.file_information_class;
     let (min_len, overflow, access) = match class {
         ic::FILE_BASIC_INFORMATION => (40, Overflow::Never, FILE_READ_ATTRIBUTES),
         ic::FILE_STANDARD_INFORMATION => (24, Overflow::Never, 0),
@@ -197,26 +234,45 @@ async fn query_file(open: &Open, class: u8, cap: usize) -> Reply {
         // BlockAlign(FieldOffset(NameInformation.FileName) + 2, 8).
         ic::FILE_ALL_INFORMATION => (104, Overflow::Truncate, FILE_READ_ATTRIBUTES),
         ic::FILE_NETWORK_OPEN_INFORMATION => (56, Overflow::Never, FILE_READ_ATTRIBUTES),
-        ic::FILE_STREAM_INFORMATION => (24, Overflow::WholeEntries, 0),
+        // Aquifer patch: sizeof(FILE_STREAM_INFORMATION), 32 with its
+        // padding, as Windows and Samba count it (upstream 24).
+        ic::FILE_STREAM_INFORMATION => (32, Overflow::WholeEntries, 0),
         ic::FILE_FULL_EA_INFORMATION => (0, Overflow::Never, FILE_READ_EA),
-        ic::FILE_ALTERNATE_NAME_INFORMATION => (8, Overflow::Never, 0),
+        // Aquifer patch: the short name, cut to fit with
+        // STATUS_BUFFER_OVERFLOW (MS-FSCC 2.4.5).
+        ic::FILE_ALTERNATE_NAME_INFORMATION => (8, Overflow::Truncate, 0),
+        // Aquifer patch: FileNormalizedNameInformation (MS-FSCC 2.4.30),
+        // on SMB 3.1.1 only (MS-SMB2 3.3.5.20.1).
+        ic::FILE_NORMALIZED_NAME_INFORMATION if smb311 => (8, Overflow::Truncate, 0),
         // Aquifer patch: two classes MS-SMB2 2.2.37 lists that upstream
         // answered STATUS_NOT_SUPPORTED.
         ic::FILE_COMPRESSION_INFORMATION => (16, Overflow::Never, 0),
         ic::FILE_ATTRIBUTE_TAG_INFORMATION => (8, Overflow::Never, FILE_READ_ATTRIBUTES),
         // MS-FSA 2.1.5.12.19: not available to remote clients.
-        ic::FILE_NAME_INFORMATION => return Err(ntstatus::STATUS_NOT_SUPPORTED),
-        c if is_file_class(c) => return Err(ntstatus::STATUS_NOT_SUPPORTED),
-        _ => return Err(ntstatus::STATUS_INVALID_INFO_CLASS),
+        ic::FILE_NAME_INFORMATION => return Err(ntstatus::STATUS_NOT_SUPPORTED.into()),
+        c if is_file_class(c) => return Err(ntstatus::STATUS_NOT_SUPPORTED.into()),
+        _ => return Err(ntstatus::STATUS_INVALID_INFO_CLASS.into()),
     };
     if open.granted_access & access != access {
-        return Err(ntstatus::STATUS_ACCESS_DENIED);
+        return Err(ntstatus::STATUS_ACCESS_DENIED.into());
     }
     if cap < min_len {
-        return Err(ntstatus::STATUS_INFO_LENGTH_MISMATCH);
+        return Err(ntstatus::STATUS_INFO_LENGTH_MISMATCH.into());
     }
     let handle = open.handle.as_ref().ok_or(ntstatus::STATUS_FILE_CLOSED)?;
+    if class == ic::FILE_FULL_EA_INFORMATION {
+        return query_full_ea(open, handle.as_ref(), req, cap).await;
+    }
     let info = handle.stat().await.map_err(|e| e.to_nt_status())?;
+    // The open's name now: its last component, and its path from the
+    // share's root (empty for the root).
+    let path = open.path().unwrap_or_default();
+    let ea_bytes = match class {
+        ic::FILE_EA_INFORMATION | ic::FILE_ALL_INFORMATION => {
+            handle.ea_size().await.map_err(|e| e.to_nt_status())?
+        }
+        _ => 0,
+    };
     let buf = match class {
         ic::FILE_BASIC_INFORMATION => ic::encode_file_basic_information(&info),
         ic::FILE_STANDARD_INFORMATION | ic::FILE_ALL_INFORMATION => {
@@ -234,12 +290,13 @@ async fn query_file(open: &Open, class: u8, cap: usize) -> Reply {
                     links,
                     open.delete_pending(),
                     position(open),
+                    ea_bytes,
                     &name,
                 )
             }
         }
         ic::FILE_INTERNAL_INFORMATION => ic::encode_file_internal_information(info.file_index),
-        ic::FILE_EA_INFORMATION => ic::encode_file_ea_information(),
+        ic::FILE_EA_INFORMATION => ic::encode_file_ea_information(ea_bytes),
         ic::FILE_ACCESS_INFORMATION => ic::encode_file_access_information(open.granted_access),
         ic::FILE_POSITION_INFORMATION => ic::encode_file_position_information(position(open)),
         ic::FILE_MODE_INFORMATION => ic::encode_file_mode_information(0),
@@ -248,9 +305,22 @@ async fn query_file(open: &Open, class: u8, cap: usize) -> Reply {
         ic::FILE_COMPRESSION_INFORMATION => ic::encode_file_compression_information(&info),
         ic::FILE_ATTRIBUTE_TAG_INFORMATION => ic::encode_file_attribute_tag_information(&info),
         ic::FILE_STREAM_INFORMATION => ic::encode_file_stream_information(&info),
-        ic::FILE_FULL_EA_INFORMATION => return Err(ntstatus::STATUS_NO_EAS_ON_FILE),
-        // MS-FSA 2.1.5.12.4. Files here have no 8.3 short name.
-        ic::FILE_ALTERNATE_NAME_INFORMATION => return Err(ntstatus::STATUS_OBJECT_NAME_NOT_FOUND),
+        // MS-FSA 2.1.5.12.4 (Aquifer patch; upstream answered
+        // STATUS_OBJECT_NAME_NOT_FOUND for every file): the short name, or
+        // the name itself when it is an 8.3 name, which NTFS keeps as both.
+        // The root has none.
+        ic::FILE_ALTERNATE_NAME_INFORMATION => {
+            let name = path
+                .file_name()
+                .ok_or(ntstatus::STATUS_OBJECT_NAME_NOT_FOUND)?;
+            let short = short_name::short_name(name);
+            ic::encode_file_name_information(short.as_deref().unwrap_or(name))
+        }
+        // The path from the share's root as stored, without a leading
+        // backslash; empty for the root (MS-FSA 2.1.5.12.21).
+        ic::FILE_NORMALIZED_NAME_INFORMATION => {
+            ic::encode_file_name_information(&path.display_backslash())
+        }
         _ => unreachable!("class checked above"),
     };
     Ok((buf, overflow))
@@ -274,11 +344,11 @@ async fn query_filesystem(open: &Open, share: &ShareBindings, class: u8, cap: us
         ic::FS_OBJECT_ID_INFORMATION => (64, Overflow::Never),
         // FileFsLabelInformation, FileFsDriverPathInformation and
         // FileFsVolumeFlagsInformation.
-        2 | 9 | 10 => return Err(ntstatus::STATUS_NOT_SUPPORTED),
-        _ => return Err(ntstatus::STATUS_INVALID_INFO_CLASS),
+        2 | 9 | 10 => return Err(ntstatus::STATUS_NOT_SUPPORTED.into()),
+        _ => return Err(ntstatus::STATUS_INVALID_INFO_CLASS.into()),
     };
     if cap < min_len {
-        return Err(ntstatus::STATUS_INFO_LENGTH_MISMATCH);
+        return Err(ntstatus::STATUS_INFO_LENGTH_MISMATCH.into());
     }
     if class == ic::FS_DEVICE_INFORMATION {
         let buf = ic::encode_fs_device_information(FILE_DEVICE_DISK, FILE_REMOTE_DEVICE);
@@ -345,6 +415,76 @@ pub(super) fn volume_object_id(serial_number: u32, label: &str) -> [u8; 16] {
     h.update(serial_number.to_le_bytes());
     h.update(label.as_bytes());
     h.finalize().into()
+}
+
+/// FileFullEaInformation (MS-FSA 2.1.5.12.12, MS-SMB2 3.3.5.20.1; Aquifer
+/// patch, upstream answered STATUS_NO_EAS_ON_FILE). With a
+/// FILE_GET_EA_INFORMATION list in the input buffer, the attributes it
+/// names, in its order, one the file lacks with an empty value (as NTFS
+/// answers). Otherwise the file's attributes from Open.NextEaEntry, from the
+/// first with SL_RESTART_SCAN, or from the 1-based index in
+/// AdditionalInformation with SL_INDEX_SPECIFIED; as many whole entries as
+/// fit (one with SL_RETURN_SINGLE_ENTRY), STATUS_BUFFER_OVERFLOW when some
+/// are left, STATUS_BUFFER_TOO_SMALL when none fits, STATUS_NO_EAS_ON_FILE
+/// for a file without attributes and STATUS_NO_MORE_EAS past the last.
+async fn query_full_ea(
+    open: &Open,
+    handle: &dyn Handle,
+    req: &QueryInfoRequest,
+    cap: usize,
+) -> Result<(Vec<u8>, Overflow), Refusal> {
+    let eas = handle
+        .extended_attributes()
+        .await
+        .map_err(|e| e.to_nt_status())?;
+    let single = req.flags & QueryInfoRequest::FLAG_RETURN_SINGLE_ENTRY != 0;
+    let (listed, start) = if !req.input_buffer.is_empty() {
+        let names = ea::parse_get_ea_list(&req.input_buffer)?;
+        let listed: Vec<ExtendedAttribute> = names
+            .into_iter()
+            .map(|name| {
+                eas.iter()
+                    .find(|ea| ea.name.eq_ignore_ascii_case(&name))
+                    .cloned()
+                    .unwrap_or_else(|| ExtendedAttribute::new(name, Vec::new()))
+            })
+            .collect();
+        (listed, 0)
+    } else {
+        if eas.is_empty() {
+            return Err(ntstatus::STATUS_NO_EAS_ON_FILE.into());
+        }
+        let start = if req.flags & QueryInfoRequest::FLAG_INDEX_SPECIFIED != 0 {
+            let index = req.additional_information as usize;
+            if index == 0 || index > eas.len() {
+                return Err(ntstatus::STATUS_NONEXISTENT_EA_ENTRY.into());
+            }
+            index - 1
+        } else if req.flags & QueryInfoRequest::FLAG_RESTART_SCAN != 0 {
+            0
+        } else {
+            open.next_ea_entry.load(Ordering::Relaxed)
+        };
+        if start >= eas.len() {
+            return Err(ntstatus::STATUS_NO_MORE_EAS.into());
+        }
+        (eas, start)
+    };
+    let rest = &listed[start..];
+    let (buf, count) = ea::encode_full_ea_list(rest, cap, single);
+    if count == 0 {
+        let needed = ea::encode_full_ea_list(&rest[..1], usize::MAX, true).0.len();
+        return Err(Refusal::TooSmall(needed));
+    }
+    if req.input_buffer.is_empty() {
+        open.next_ea_entry.store(start + count, Ordering::Relaxed);
+    }
+    let status = if count < rest.len() && !single {
+        ntstatus::STATUS_BUFFER_OVERFLOW
+    } else {
+        ntstatus::STATUS_SUCCESS
+    };
+    Ok((buf, Overflow::Fitted(status)))
 }
 
 /// The open's CurrentByteOffset (MS-FSA 2.1.1.6).

@@ -6,7 +6,9 @@ use std::sync::atomic::Ordering;
 use crate::proto::header::Smb2Header;
 use crate::proto::messages::{InfoType, SetInfoRequest, SetInfoResponse};
 
-use crate::access_mask::{DELETE, FILE_WRITE_ATTRIBUTES, FILE_WRITE_DATA};
+use crate::access_mask::{DELETE, FILE_WRITE_ATTRIBUTES, FILE_WRITE_DATA, FILE_WRITE_EA};
+use crate::ea;
+use crate::error::SmbError;
 use crate::backend::{
     FILE_ATTRIBUTE_DIRECTORY, FILE_ATTRIBUTE_TEMPORARY, FileInfo, FileTimes, OpenOptions,
     ShareBackend, VALID_SET_ATTRIBUTES,
@@ -48,6 +50,7 @@ enum Class {
     Link,
     Allocation,
     Position,
+    FullEa,
 }
 
 pub async fn handle(
@@ -116,6 +119,8 @@ async fn set(
         ic::FILE_ALLOCATION_INFORMATION => (Class::Allocation, FILE_WRITE_DATA),
         // Aquifer patch: Open.CurrentByteOffset, which needs no access.
         ic::FILE_POSITION_INFORMATION => (Class::Position, 0),
+        // Aquifer patch: extended attributes (upstream STATUS_NOT_SUPPORTED).
+        ic::FILE_FULL_EA_INFORMATION => (Class::FullEa, FILE_WRITE_EA),
         class if SETTABLE_CLASSES.contains(&class) => {
             return Ok(HandlerResponse::err(ntstatus::STATUS_NOT_SUPPORTED));
         }
@@ -221,12 +226,35 @@ async fn set(
             let position = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
             set_position(&share, &*open_arc.read().await, position).await
         }
+        Class::FullEa => set_full_ea(&share, &*open_arc.read().await, &buffer).await,
     };
 
     if let Err(status) = result {
         return Ok(HandlerResponse::err(status));
     }
     Ok(set_info_ok())
+}
+
+/// FileFullEaInformation (MS-FSA 2.1.5.15.5; Aquifer patch): sets each
+/// attribute of the list, removing those with an empty value. A list that
+/// does not parse, a name that is not well-formed or flags other than
+/// FILE_NEED_EA, and a result over 64 KiB - 5 bytes
+/// (STATUS_EA_TOO_LARGE), change nothing.
+async fn set_full_ea(share: &ShareBindings, open: &Open, buffer: &[u8]) -> Result<(), u32> {
+    let changes = ea::parse_full_ea_list(buffer)?;
+    if !share.backend.capabilities().extended_attributes {
+        return Err(ntstatus::STATUS_EAS_NOT_SUPPORTED);
+    }
+    let handle = open.handle.as_ref().ok_or(ntstatus::STATUS_FILE_CLOSED)?;
+    let now = handle.extended_attributes().await.map_err(|e| e.to_nt_status())?;
+    if ea::ea_list_length(&ea::merged(&now, &changes)) > ea::EA_LIST_BYTES_MAX {
+        return Err(ntstatus::STATUS_EA_TOO_LARGE);
+    }
+    match handle.set_extended_attributes(changes).await {
+        Ok(()) => Ok(()),
+        Err(SmbError::NotSupported) => Err(ntstatus::STATUS_EAS_NOT_SUPPORTED),
+        Err(e) => Err(e.to_nt_status()),
+    }
 }
 
 /// FilePositionInformation (MS-FSA 2.1.5.14.9): a negative offset, or on an
@@ -988,6 +1016,7 @@ mod tests {
                 wrote: Default::default(),
                 created: false,
                 marked_deleted: Default::default(),
+                next_ea_entry: Default::default(),
             };
             tree.opens
                 .write()

@@ -213,6 +213,7 @@ impl ShareBackend for MemFsBackend {
         BackendCapabilities {
             is_read_only: false,
             case_sensitive: false,
+            extended_attributes: false,
         }
     }
 }
