@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use smb_server::{
-    BackendCapabilities, Bytes, DirEntry, FileInfo, FileTimes, Handle, Identity, OpenAction, OpenIntent, OpenOptions,
-    ShareBackend, SmbError, SmbPath, SmbResult, UnixSecurity, UnixSecurityChange, VolumeInfo,
+    BackendCapabilities, Bytes, DirEntry, ExtendedAttribute, FileInfo, FileTimes, Handle, Identity, OpenAction,
+    OpenIntent, OpenOptions, ShareBackend, SmbError, SmbPath, SmbResult, UnixSecurity, UnixSecurityChange, VolumeInfo,
 };
-use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, SetAttr, Stability, TimeSet};
+use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, SetAttr, Stability, TimeSet, XATTR_NAME_BYTES_MAX};
 
 /// Entries fetched per engine readdir call while listing a directory.
 const READDIR_PAGE: usize = 1024;
@@ -29,6 +29,11 @@ const STORED_ATTRIBUTES: u32 = FILE_ATTRIBUTE_HIDDEN | FILE_ATTRIBUTE_SYSTEM;
 /// 4-byte little-endian mask (Samba keeps them in `user.DOSATTRIB` the same way); absent when
 /// neither is set.
 const XATTR_DOS_ATTRIBUTES: &[u8] = b"aquifer.smb.dos_attributes";
+/// Prefix of the engine xattrs that hold SMB extended attributes: the EA `NAME` is the xattr
+/// `user.NAME`, the namespace Linux gives users' own attributes and the one Samba keeps EAs in.
+/// SMB EAs are read and written only under it, so a client can never reach Aquifer's own
+/// attributes (`aquifer.*`, such as the DOS attributes above or S3's metadata) or `trusted.*`.
+const EA_XATTR_PREFIX: &[u8] = b"user.";
 /// Allocation unit reported to clients.
 const BLOCK: u64 = 4096;
 /// Bytes read ahead for a handle read sequentially: one engine stripe (four 1 MiB data shards
@@ -98,6 +103,89 @@ fn set_dos_attributes(e: &Engine, c: &Caller, ino: Ino, attributes: u32) -> stor
         };
     }
     e.setxattr(c, ino, XATTR_DOS_ATTRIBUTES, &stored.to_le_bytes())
+}
+
+/// The xattr holding the SMB extended attribute `name`.
+fn ea_xattr(name: &str) -> Vec<u8> {
+    [EA_XATTR_PREFIX, name.as_bytes()].concat()
+}
+
+/// The SMB extended attributes of `ino` read as `c`, in xattr name order: the `user.` xattrs
+/// whose names are valid EA names and whose values are not empty.
+fn extended_attributes(e: &Engine, c: &Caller, ino: Ino) -> storage_engine::Result<Vec<ExtendedAttribute>> {
+    let mut out = Vec::new();
+    for xattr in e.listxattr(c, ino)? {
+        let Some(name) = xattr.strip_prefix(EA_XATTR_PREFIX) else { continue };
+        if !smb_server::valid_ea_name(name) {
+            continue;
+        }
+        let name = String::from_utf8(name.to_vec()).expect("valid EA names are ASCII");
+        match e.getxattr(c, ino, &xattr) {
+            Ok(value) if !value.is_empty() => out.push(ExtendedAttribute::new(name, value)),
+            Ok(_) | Err(Error::NotFound) => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(out)
+}
+
+/// Applies SMB extended attribute changes to `ino` as `c` (who needs to own the file or may
+/// write it, as for any xattr): each replaces the attribute of its name in any ASCII case, or
+/// removes it when its value is empty. Names the engine cannot store (over its xattr name
+/// limit with the prefix) are refused before anything changes.
+fn set_extended_attributes(e: &Engine, c: &Caller, ino: Ino, changes: &[ExtendedAttribute]) -> SmbResult<()> {
+    if changes.iter().any(|ch| EA_XATTR_PREFIX.len() + ch.name.len() > XATTR_NAME_BYTES_MAX) {
+        return Err(SmbError::InvalidEaName);
+    }
+    // Names only, so read as the engine: the caller's right to change them is checked on write.
+    let mut stored: Vec<Vec<u8>> = e
+        .listxattr(&Caller::system(), ino)
+        .map_err(smb_error)?
+        .into_iter()
+        .filter(|x| x.starts_with(EA_XATTR_PREFIX))
+        .collect();
+    for ch in changes {
+        let xattr = ea_xattr(&ch.name);
+        let same = |x: &Vec<u8>| x[EA_XATTR_PREFIX.len()..].eq_ignore_ascii_case(ch.name.as_bytes());
+        for old in stored.iter().filter(|x| same(x) && (ch.value.is_empty() || **x != xattr)) {
+            match e.removexattr(c, ino, old) {
+                Ok(()) | Err(Error::NotFound) => {}
+                Err(err) => return Err(smb_error(err)),
+            }
+        }
+        stored.retain(|x| !same(x));
+        if !ch.value.is_empty() {
+            e.setxattr(c, ino, &xattr, &ch.value).map_err(smb_error)?;
+            stored.push(xattr);
+        }
+    }
+    Ok(())
+}
+
+/// The entry of directory `dir` whose short name is `short` (any ASCII case), by its long
+/// name: a scan of the directory's names.
+fn find_by_short_name(e: &Engine, c: &Caller, dir: Ino, short: &str) -> SmbResult<Option<String>> {
+    let mut cursor: Option<Vec<u8>> = None;
+    loop {
+        let page = e.readdir(c, dir, cursor.as_deref(), READDIR_PAGE).map_err(smb_error)?;
+        for entry in &page.entries {
+            let Ok(name) = std::str::from_utf8(&entry.name) else { continue };
+            if smb_server::short_name(name).is_some_and(|s| s.eq_ignore_ascii_case(short)) {
+                return Ok(Some(name.to_string()));
+            }
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(None),
+        }
+    }
+}
+
+/// Whether a listing's `pattern` takes the entry `name`: by its name, or by its short name
+/// (any case, as DOS names go), as MS-FSA 2.1.5.6.3 has a directory query match either.
+fn matches(pattern: &str, name: &str, ignore_case: bool) -> bool {
+    smb_server::name_matches(pattern, name, ignore_case)
+        || smb_server::short_name(name).is_some_and(|short| smb_server::name_matches(pattern, &short, true))
 }
 
 fn file_info(name: &str, a: &Attr, dos: u32) -> FileInfo {
@@ -394,7 +482,47 @@ impl ShareBackend for EngineShare {
         c.is_read_only = self.read_only;
         // The namespace is shared with NFS, S3 and SFTP, where `a` and `A` are two files.
         c.case_sensitive = true;
+        c.extended_attributes = true;
         c
+    }
+
+    /// Walks `path` as the caller; a component that names nothing and has the shape of a short
+    /// name is looked for among its directory's entries by their short names.
+    async fn resolve_short_names(&self, path: &SmbPath) -> SmbResult<Option<SmbPath>> {
+        let engine = self.engine.clone();
+        let caller = request_caller(&engine, self.guest)?;
+        let root = self.root.clone();
+        let components = path.components().to_vec();
+        blocking(move || {
+            let mut dir = resolve_dir(&engine, &caller, &root)?;
+            let mut long = Vec::with_capacity(components.len());
+            let mut replaced = false;
+            for (i, c) in components.iter().enumerate() {
+                let mut found = lookup(&engine, &caller, dir.ino, c)?;
+                let mut name = c.clone();
+                if found.is_none() && smb_server::looks_like_short_name(c) {
+                    if let Some(n) = find_by_short_name(&engine, &caller, dir.ino, c)? {
+                        found = lookup(&engine, &caller, dir.ino, &n)?;
+                        name = n;
+                        replaced = true;
+                    }
+                }
+                long.push(name);
+                match found {
+                    Some(a) if a.kind == FileKind::Dir => dir = a,
+                    // Nothing below a file or a missing name to resolve: the rest stays.
+                    _ => {
+                        long.extend(components[i + 1..].iter().cloned());
+                        break;
+                    }
+                }
+            }
+            if !replaced {
+                return Ok(None);
+            }
+            long.join("\\").parse().map(Some)
+        })
+        .await
     }
 
     async fn volume_info(&self) -> SmbResult<VolumeInfo> {
@@ -698,7 +826,7 @@ impl Handle for EngineHandle {
                 for entry in &page.entries {
                     // Names that are not UTF-8 have no SMB spelling; NFS clients still see them.
                     let Ok(name) = std::str::from_utf8(&entry.name) else { continue };
-                    if pattern.as_deref().is_some_and(|p| !smb_server::name_matches(p, name, ignore_case)) {
+                    if pattern.as_deref().is_some_and(|p| !matches(p, name, ignore_case)) {
                         continue;
                     }
                     match e.getattr(c, entry.ino) {
@@ -748,6 +876,23 @@ impl Handle for EngineHandle {
 
     async fn dir_is_empty(&self) -> SmbResult<bool> {
         self.with(|e, c, ino| Ok(e.readdir(c, ino, None, 1)?.entries.is_empty())).await
+    }
+
+    /// Read as the caller: reading an attribute's value takes read permission on the file.
+    async fn extended_attributes(&self) -> SmbResult<Vec<ExtendedAttribute>> {
+        self.with(|e, c, ino| extended_attributes(e, c, ino)).await
+    }
+
+    /// Read as the engine, as the DOS attributes are: only the size reaches the client, and
+    /// FileAllInformation answers any open.
+    async fn ea_size(&self) -> SmbResult<u32> {
+        let eas = self.with(|e, _, ino| extended_attributes(e, &Caller::system(), ino)).await?;
+        Ok(smb_server::ea_size(&eas))
+    }
+
+    async fn set_extended_attributes(&self, changes: Vec<ExtendedAttribute>) -> SmbResult<()> {
+        let (engine, caller, ino) = (self.engine.clone(), self.caller.clone(), self.ino);
+        blocking(move || set_extended_attributes(&engine, &caller, ino, &changes)).await
     }
 
     async fn unix_security(&self) -> SmbResult<UnixSecurity> {

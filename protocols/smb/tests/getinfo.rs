@@ -7,6 +7,13 @@
 //!   FileFsControlInformation (no quotas) and FileFsObjectIdInformation included.
 //! - `getinfo.granted`: an open asking for FILE_EXECUTE and FILE_READ_ATTRIBUTES is granted
 //!   exactly that (FileAllInformation's AccessFlags), for a file and a directory.
+//! - `getinfo.qfile_buffercheck`: a CREATE with an EA buffer, then every file class smbtorture
+//!   knows at every output length up to its size (STATUS_INFO_LENGTH_MISMATCH below the
+//!   minimum, STATUS_BUFFER_OVERFLOW below the whole answer), FileAlternateNameInformation
+//!   and FileEaInformation included.
+//! - `getinfo.getinfo_access`: the file classes on a file set up with EAs, through opens of
+//!   different access, answered or refused as Windows does (FileFullEaInformation needs
+//!   FILE_READ_EA and lists the EAs, FileAlternateNameInformation answers the short name).
 //! - `read.position`: FilePositionInformation reports where the open's last READ ended.
 //! - `dir.fixed`: a listing begun on one open leaves out the entries another open deleted
 //!   before the listing went on.
@@ -18,7 +25,13 @@
 
 mod common;
 
-const GETINFO: &[&str] = &["fsinfo", "qsec_buffercheck", "granted"];
+const GETINFO: &[&str] = &[
+    "fsinfo",
+    "qsec_buffercheck",
+    "granted",
+    "qfile_buffercheck",
+    "getinfo_access",
+];
 
 const READ: &[&str] = &["eof", "position", "dir", "access"];
 

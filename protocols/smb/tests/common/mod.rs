@@ -33,7 +33,11 @@ pub struct Served {
 
 impl Served {
     pub async fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap()).await
+    }
+
+    /// The service over the engine whose drives are in `dir`, made there if none are.
+    async fn start_in(dir: tempfile::TempDir) -> Self {
         let engine = Engine::open(config(dir.path())).unwrap();
         let mut share = ShareConfig::new("aquifer", "/");
         share.leases = true;
@@ -62,10 +66,48 @@ impl Served {
 
     /// Stops the service and the engine; fails if the service failed.
     pub async fn stop(self) {
+        self.stop_keeping_data().await;
+    }
+
+    /// Stops the service and the engine and starts both again on the same drives, as a
+    /// daemon restart does (on another port).
+    #[allow(dead_code)]
+    pub async fn restart(self) -> Self {
+        let dir = self.stop_keeping_data().await;
+        Self::start_in(dir).await
+    }
+
+    async fn stop_keeping_data(self) -> tempfile::TempDir {
         let _ = self.stop.send(());
         self.serving.await.unwrap().expect("SMB service");
         self.engine.shutdown().unwrap();
+        self._dir
     }
+
+    /// The engine behind the share, to look at what SMB stored.
+    #[allow(dead_code)]
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+}
+
+/// Runs smbclient's `commands` (`;`-separated) against the share as admin, with `cwd` as its
+/// local directory; returns its output, stdout and stderr together.
+#[allow(dead_code)]
+pub fn smbclient(addr: SocketAddr, cwd: &Path, commands: &str) -> String {
+    let out = Command::new("smbclient")
+        .current_dir(cwd)
+        .arg("//127.0.0.1/aquifer")
+        .args(["-p", &addr.port().to_string(), "-m", "SMB3", "-U"])
+        .arg(format!("admin%{ADMIN_PASSWORD}"))
+        .args(["-c", commands])
+        .output()
+        .unwrap_or_else(|e| panic!("run smbclient ({e}); install the Debian package smbclient"));
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// Runs `tests` of smbtorture's suite `suite` (e.g. `smb2.oplock`) against `addr` as admin
