@@ -500,12 +500,13 @@ impl ShareBackend for EngineShare {
             for (i, c) in components.iter().enumerate() {
                 let mut found = lookup(&engine, &caller, dir.ino, c)?;
                 let mut name = c.clone();
-                if found.is_none() && smb_server::looks_like_short_name(c) {
-                    if let Some(n) = find_by_short_name(&engine, &caller, dir.ino, c)? {
-                        found = lookup(&engine, &caller, dir.ino, &n)?;
-                        name = n;
-                        replaced = true;
-                    }
+                if found.is_none()
+                    && smb_server::looks_like_short_name(c)
+                    && let Some(n) = find_by_short_name(&engine, &caller, dir.ino, c)?
+                {
+                    found = lookup(&engine, &caller, dir.ino, &n)?;
+                    name = n;
+                    replaced = true;
                 }
                 long.push(name);
                 match found {
@@ -880,7 +881,7 @@ impl Handle for EngineHandle {
 
     /// Read as the caller: reading an attribute's value takes read permission on the file.
     async fn extended_attributes(&self) -> SmbResult<Vec<ExtendedAttribute>> {
-        self.with(|e, c, ino| extended_attributes(e, c, ino)).await
+        self.with(extended_attributes).await
     }
 
     /// Read as the engine, as the DOS attributes are: only the size reaches the client, and

@@ -113,6 +113,7 @@ pub fn smbclient(addr: SocketAddr, cwd: &Path, commands: &str) -> String {
 /// Runs `tests` of smbtorture's suite `suite` (e.g. `smb2.oplock`) against `addr` as admin
 /// and returns each test's result (`success`, `failure`, `error`, `skip`) with the whole
 /// output.
+#[allow(dead_code)]
 pub fn smbtorture(
     addr: SocketAddr,
     suite: &str,
@@ -158,6 +159,7 @@ pub fn smbtorture(
 }
 
 /// The tests of `tests` that did not succeed.
+#[allow(dead_code)]
 pub fn not_passed<'a>(tests: &[&'a str], results: &[(String, String)]) -> Vec<&'a str> {
     tests
         .iter()
@@ -172,6 +174,7 @@ pub fn not_passed<'a>(tests: &[&'a str], results: &[(String, String)]) -> Vec<&'
 
 /// Runs `tests` of smbtorture's suite `suite` against a fresh service and fails, with
 /// smbtorture's output, unless every one of them succeeds.
+#[allow(dead_code)]
 pub async fn assert_smbtorture_passes(suite: &'static str, tests: &'static [&'static str]) {
     let served = Served::start().await;
     let addr = served.addr;

@@ -76,7 +76,7 @@ pub fn parse_full_ea_list(buf: &[u8]) -> Result<Vec<ExtendedAttribute>, u32> {
         if entry.len() < size || entry[8 + name_len] != 0 {
             return Err(inconsistent());
         }
-        if next != 0 && (next < size || next % 4 != 0 || next >= entry.len()) {
+        if next != 0 && (next < size || !next.is_multiple_of(4) || next >= entry.len()) {
             return Err(inconsistent());
         }
         let name = &entry[8..8 + name_len];
@@ -111,7 +111,7 @@ pub fn parse_get_ea_list(buf: &[u8]) -> Result<Vec<String>, u32> {
         if entry.len() < size || entry[5 + name_len] != 0 {
             return Err(inconsistent());
         }
-        if next != 0 && (next < size || next % 4 != 0 || next >= entry.len()) {
+        if next != 0 && (next < size || !next.is_multiple_of(4) || next >= entry.len()) {
             return Err(inconsistent());
         }
         let name = &entry[5..5 + name_len];

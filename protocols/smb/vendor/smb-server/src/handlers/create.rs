@@ -887,18 +887,19 @@ async fn attempt(
     // A file this CREATE made or overwrote takes the EA buffer's attributes
     // (Aquifer patch), as Samba applies them; a file it made goes again if
     // they cannot be stored.
-    if action != OpenAction::Opened && !args.eas.is_empty() {
-        if let Err(e) = handle.set_extended_attributes(args.eas.clone()).await {
-            debug!(error = %e, path = %path, "create extended attributes not applied");
-            let _ = handle.close().await;
-            if action == OpenAction::Created {
-                let _ = backend.unlink(path).await;
-            }
-            return fail(match e {
-                SmbError::NotSupported => ntstatus::STATUS_EAS_NOT_SUPPORTED,
-                e => e.to_nt_status(),
-            });
+    if action != OpenAction::Opened
+        && !args.eas.is_empty()
+        && let Err(e) = handle.set_extended_attributes(args.eas.clone()).await
+    {
+        debug!(error = %e, path = %path, "create extended attributes not applied");
+        let _ = handle.close().await;
+        if action == OpenAction::Created {
+            let _ = backend.unlink(path).await;
         }
+        return fail(match e {
+            SmbError::NotSupported => ntstatus::STATUS_EAS_NOT_SUPPORTED,
+            e => e.to_nt_status(),
+        });
     }
 
     // Stat for the response.

@@ -344,11 +344,11 @@ async fn query_filesystem(open: &Open, share: &ShareBindings, class: u8, cap: us
         ic::FS_OBJECT_ID_INFORMATION => (64, Overflow::Never),
         // FileFsLabelInformation, FileFsDriverPathInformation and
         // FileFsVolumeFlagsInformation.
-        2 | 9 | 10 => return Err(ntstatus::STATUS_NOT_SUPPORTED.into()),
-        _ => return Err(ntstatus::STATUS_INVALID_INFO_CLASS.into()),
+        2 | 9 | 10 => return Err(ntstatus::STATUS_NOT_SUPPORTED),
+        _ => return Err(ntstatus::STATUS_INVALID_INFO_CLASS),
     };
     if cap < min_len {
-        return Err(ntstatus::STATUS_INFO_LENGTH_MISMATCH.into());
+        return Err(ntstatus::STATUS_INFO_LENGTH_MISMATCH);
     }
     if class == ic::FS_DEVICE_INFORMATION {
         let buf = ic::encode_fs_device_information(FILE_DEVICE_DISK, FILE_REMOTE_DEVICE);
