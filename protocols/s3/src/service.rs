@@ -724,6 +724,89 @@ impl ChecksumCheck {
 /// for small objects those, not the bytes, were most of a PUT's time.
 pub const SMALL_PUT_BYTES: usize = 256 << 10;
 
+/// What a PutObject stores, besides its bytes: the checks before the object is staged and
+/// what is written when it is published.
+#[derive(Clone)]
+struct PutPlan {
+    engine: Arc<Engine>,
+    caller: Caller,
+    bucket: String,
+    key: String,
+    canned: Option<String>,
+    headers: GrantHeaders,
+    writer: Option<u32>,
+    if_match: Option<ETagCondition>,
+    if_none_match: Option<ETagCondition>,
+    meta: ObjectMeta,
+    tags: Vec<(String, String)>,
+}
+
+impl PutPlan {
+    /// Checks the bucket, the requested ACL and the conditions, and stages an unnamed file
+    /// for the object (aborted when the guard is dropped armed).
+    fn stage(&self) -> S3Result<(Ino, Staged, Option<Acl>)> {
+        let (e, c) = (&self.engine, &self.caller);
+        let b = bucket_attr(e, c, &self.bucket)?;
+        let acl = requested_object_acl(e, self.canned.as_deref(), &self.headers, self.writer, c.uid, b.uid)?;
+        let mode = acl.as_ref().map_or(FILE_MODE, |acl| object_acl_mode(acl, c.uid, FILE_MODE));
+        check_put_conditions(e, c, b.ino, &self.key, self.if_match.as_ref(), self.if_none_match.as_ref())?;
+        let (parent, name) = e.object_parent(c, b.ino, &self.key, true).map_err(|e| map_err(e, Missing::Key))?;
+        if let Ok(a) = e.lookup(c, parent, name.as_bytes())
+            && a.kind == FileKind::Dir
+        {
+            return Err(map_err(Error::IsDir, Missing::Key));
+        }
+        let staged = e.begin_put(c, parent, mode).map_err(|e| map_err(e, Missing::Key))?;
+        Ok((b.ino, Staged { engine: e.clone(), caller: c.clone(), ino: staged.ino, armed: true }, acl))
+    }
+
+    /// Publishes the staged file with its ACL, ETag, metadata and tags. Runs on the blocking
+    /// pool with the guard moved there, so that a client leaving now can neither interrupt
+    /// it nor abort a published file.
+    fn finish(&self, bucket_ino: Ino, acl: Option<Acl>, staged: Staged, etag: String) -> S3Result<Option<String>> {
+        if let Some(acl) = &acl {
+            // A public-read object is marked: anonymous clients may read it even in a
+            // private bucket.
+            apply_object_acl_xattrs(&staged.engine, &staged.caller, staged.ino, staged.caller.uid, acl).map_err(|e| map_err(e, Missing::Key))?;
+        }
+        let (_, version_id) = publish(&staged.engine, &staged.caller, bucket_ino, &self.key, staged.ino, &etag, &self.meta, &self.tags)?;
+        staged.disarm();
+        Ok(version_id)
+    }
+
+    /// A whole body in one go: hashed, checked against Content-MD5, staged (unless it was),
+    /// written and published. Returns the ETag and the version id.
+    fn whole(&self, staged: Option<(Ino, Staged, Option<Acl>)>, data: Vec<u8>, content_md5: Option<&str>) -> S3Result<(String, Option<String>)> {
+        let mut h = Md5::new();
+        h.update(&data);
+        let md5 = h.finalize();
+        check_content_md5(content_md5, &md5)?;
+        let (bucket_ino, staged, acl) = match staged {
+            Some(s) => s,
+            None => self.stage()?,
+        };
+        if !data.is_empty() {
+            staged.engine.write(&staged.caller, staged.ino, 0, &data, Stability::Unstable).map_err(|e| map_err(e, Missing::Key))?;
+        }
+        let etag = hex::encode(md5);
+        let version_id = self.finish(bucket_ino, acl, staged, etag.clone())?;
+        Ok((etag, version_id))
+    }
+}
+
+fn put_object_output(etag: String, version_id: Option<String>, sums: Checksum) -> PutObjectOutput {
+    PutObjectOutput {
+        e_tag: Some(quoted(&etag)),
+        version_id,
+        checksum_crc32: sums.checksum_crc32,
+        checksum_crc32c: sums.checksum_crc32c,
+        checksum_sha1: sums.checksum_sha1,
+        checksum_sha256: sums.checksum_sha256,
+        checksum_crc64nvme: sums.checksum_crc64nvme,
+        ..Default::default()
+    }
+}
+
 /// A PUT body read until its end or past [`SMALL_PUT_BYTES`].
 enum Received {
     Whole(Vec<u8>),
@@ -1804,73 +1887,64 @@ impl S3 for AquiferS3 {
         let body = input.body.ok_or_else(|| err(S3ErrorCode::IncompleteBody, "missing body"))?;
         let (if_match, if_none_match) = (input.if_match, input.if_none_match);
 
-        let (e, c, k) = (engine.clone(), caller.clone(), key.clone());
-        let (bucket_ino, staged, acl) = blocking(move || {
-            let b = bucket_attr(&e, &c, &bucket)?;
-            let acl = requested_object_acl(&e, canned.as_deref(), &headers, writer, c.uid, b.uid)?;
-            let mode = acl.as_ref().map_or(FILE_MODE, |acl| object_acl_mode(acl, c.uid, FILE_MODE));
-            check_put_conditions(&e, &c, b.ino, &k, if_match.as_ref(), if_none_match.as_ref())?;
-            let (parent, name) = e.object_parent(&c, b.ino, &k, true).map_err(|e| map_err(e, Missing::Key))?;
-            if let Ok(a) = e.lookup(&c, parent, name.as_bytes())
-                && a.kind == FileKind::Dir {
-                    return Err(map_err(Error::IsDir, Missing::Key));
-                }
-            let staged = e.begin_put(&c, parent, mode).map_err(|e| map_err(e, Missing::Key))?;
-            Ok((b.ino, staged.ino, acl))
-        })
-        .await?;
-        let staged = Staged { engine: engine.clone(), caller: caller.clone(), ino: staged, armed: true };
-        // Publishing runs on the blocking pool with the guard moved there, so that a client
-        // leaving now can neither interrupt it nor abort a published file.
-        let finish = move |staged: Staged, etag: String| -> S3Result<Option<String>> {
-            if let Some(acl) = &acl {
-                // A public-read object is marked: anonymous clients may read it even in a
-                // private bucket.
-                apply_object_acl_xattrs(&staged.engine, &staged.caller, staged.ino, staged.caller.uid, acl).map_err(|e| map_err(e, Missing::Key))?;
-            }
-            let (_, version_id) = publish(&staged.engine, &staged.caller, bucket_ino, &key, staged.ino, &etag, &meta, &tags)?;
-            staged.disarm();
-            Ok(version_id)
-        };
         let content_md5 = input.content_md5;
-        let (etag, version_id, sums) = match receive_small(body, &mut check).await? {
-            Received::Whole(data) => {
+        let put = PutPlan {
+            engine: engine.clone(),
+            caller: caller.clone(),
+            bucket,
+            key,
+            canned,
+            headers,
+            writer,
+            if_match,
+            if_none_match,
+            meta,
+            tags,
+        };
+        // A body declared small is read before anything else is done, so that checking the
+        // request, writing the bytes and publishing take one trip to the blocking pool, not
+        // two: for small objects those trips were much of a PUT's time. A refusal (no such
+        // bucket, a failed condition) then comes after the body, which for at most
+        // SMALL_PUT_BYTES costs the client little; larger bodies are refused before they are
+        // read (`Expect: 100-continue`).
+        let declared_small = input.content_length.is_some_and(|n| (0..=SMALL_PUT_BYTES as i64).contains(&n));
+        let mut body = Some(body);
+        let early = match body.take_if(|_| declared_small) {
+            Some(body) => Some(receive_small(body, &mut check).await?),
+            None => None,
+        };
+        let (etag, version_id, sums) = match early {
+            Some(Received::Whole(data)) => {
                 let sums = check.verify(trailers.as_ref())?;
-                let (etag, version_id) = blocking(move || {
-                    let mut h = Md5::new();
-                    h.update(&data);
-                    let md5 = h.finalize();
-                    check_content_md5(content_md5.as_deref(), &md5)?;
-                    if !data.is_empty() {
-                        staged.engine.write(&staged.caller, staged.ino, 0, &data, Stability::Unstable).map_err(|e| map_err(e, Missing::Key))?;
-                    }
-                    let etag = hex::encode(md5);
-                    let version_id = finish(staged, etag.clone())?;
-                    Ok((etag, version_id))
-                })
-                .await?;
+                let (etag, version_id) = blocking(move || put.whole(None, data, content_md5.as_deref())).await?;
                 (etag, version_id, sums)
             }
-            Received::Started(received, rest) => {
-                let (_, md5) = write_body(&engine, &caller, staged.ino, received, rest, &mut check).await?;
+            early => {
+                let (bucket_ino, staged, acl) = {
+                    let put = put.clone();
+                    blocking(move || put.stage()).await?
+                };
+                let (first, rest) = match early {
+                    Some(Received::Started(first, rest)) => (first, rest),
+                    _ => match receive_small(body.take().expect("the body was not read yet"), &mut check).await? {
+                        Received::Whole(data) => {
+                            let sums = check.verify(trailers.as_ref())?;
+                            let (etag, version_id) = blocking(move || put.whole(Some((bucket_ino, staged, acl)), data, content_md5.as_deref())).await?;
+                            return Ok(S3Response::new(put_object_output(etag, version_id, sums)));
+                        }
+                        Received::Started(first, rest) => (first, rest),
+                    },
+                };
+                let (_, md5) = write_body(&engine, &caller, staged.ino, first, rest, &mut check).await?;
                 check_content_md5(content_md5.as_deref(), &md5)?;
                 let sums = check.verify(trailers.as_ref())?;
                 let etag = hex::encode(md5);
                 let et = etag.clone();
-                let version_id = blocking(move || finish(staged, et)).await?;
+                let version_id = blocking(move || put.finish(bucket_ino, acl, staged, et)).await?;
                 (etag, version_id, sums)
             }
         };
-        Ok(S3Response::new(PutObjectOutput {
-            e_tag: Some(quoted(&etag)),
-            version_id,
-            checksum_crc32: sums.checksum_crc32,
-            checksum_crc32c: sums.checksum_crc32c,
-            checksum_sha1: sums.checksum_sha1,
-            checksum_sha256: sums.checksum_sha256,
-            checksum_crc64nvme: sums.checksum_crc64nvme,
-            ..Default::default()
-        }))
+        Ok(S3Response::new(put_object_output(etag, version_id, sums)))
     }
 
     /// A browser upload (POST Object) is a PutObject of the form's file. s3s reads the
