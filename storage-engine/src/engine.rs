@@ -200,6 +200,9 @@ pub(crate) enum Command {
     /// Link an orphan in place of whatever `name` is (atomic replace), then clear its orphan
     /// mark.
     Publish { caller: Caller, ino: Ino, parent: Ino, name: Vec<u8>, now: i64 },
+    /// A new file with inline content and extended attributes, linked in place of whatever
+    /// `name` is (atomic replace): a whole small upload as one command.
+    PutInline { caller: Caller, parent: Ino, name: Vec<u8>, mode: u32, ino: Ino, generation: u64, data: Vec<u8>, xattrs: Vec<(Vec<u8>, Vec<u8>)>, now: i64 },
     SetAttr { caller: Caller, ino: Ino, set: SetAttr, now: i64 },
     WriteExtents {
         ino: Ino,
@@ -273,6 +276,50 @@ impl Engine {
     /// otherwise).
     pub(crate) fn remote_refuse(&self, caller: &Caller, ino: Ino, what: &'static str) -> Result<()> {
         self.remote_mutation(&[ino], Mutation::Other { caller, ino, what }).map(|_| ())
+    }
+}
+
+/// An extended attribute's name (1-255 bytes, no NUL) and value (at most 64 KiB).
+fn validate_xattr(name: &[u8], value: Option<&[u8]>) -> Result<()> {
+    if name.is_empty() || name.len() > XATTR_NAME_BYTES_MAX || name.contains(&0) {
+        return Err(Error::InvalidArgument("extended attribute name must be 1-255 bytes without NUL".into()));
+    }
+    if value.is_some_and(|v| v.len() > XATTR_VALUE_BYTES_MAX) {
+        return Err(Error::InvalidArgument("extended attribute value over 64 KiB".into()));
+    }
+    Ok(())
+}
+
+/// The record of a new inode created by `caller` in `dir`: mode bits and group as POSIX
+/// gives them (set-group-id directories pass their group on).
+#[allow(clippy::too_many_arguments)]
+fn new_inode(caller: &Caller, dir: &InodeRec, kind: FileKind, mode: u32, generation: u64, now: i64, parent: Ino, target: &[u8], rdev: u64) -> InodeRec {
+    let mut m = mode & 0o7777;
+    let gid = if dir.mode & 0o2000 != 0 { dir.gid } else { caller.gid };
+    if kind == FileKind::Dir && dir.mode & 0o2000 != 0 {
+        m |= 0o2000;
+    }
+    if kind == FileKind::File && caller.uid != 0 && !caller.in_group(gid) {
+        m &= !0o2000;
+    }
+    InodeRec {
+        kind,
+        mode: if kind == FileKind::Symlink { 0o777 } else { m },
+        uid: caller.uid,
+        gid,
+        nlink: if kind == FileKind::Dir { 2 } else { 1 },
+        size: if kind == FileKind::Symlink { target.len() as u64 } else { 0 },
+        atime_ns: now,
+        mtime_ns: now,
+        ctime_ns: now,
+        btime_ns: now,
+        version: 1,
+        generation,
+        storage: Storage::Inline,
+        parent: if kind == FileKind::Dir { parent } else { 0 },
+        target: target.to_vec(),
+        stored_bytes: 0,
+        rdev,
     }
 }
 
@@ -1200,6 +1247,30 @@ impl Engine {
     }
 
     /// A directory whose entries changed: new mtime and ctime, next version, stored.
+    /// Counts a new inode in the batch: the next inode number to hand out and the file count.
+    fn count_new_inode(&self, batch: &mut WriteBatch, ino: Ino) {
+        batch.put_cf(self.cf(CF_SYSTEM), KEY_NEXT_INO, be64(self.next_ino.load(Ordering::Relaxed).max(ino + 1)));
+        let files = self.files.fetch_add(1, Ordering::Relaxed) + 1;
+        batch.put_cf(self.cf(CF_SYSTEM), KEY_FILES, be64(files));
+    }
+
+    /// Drops the link of the file `name` in `dir` (if there is one) for a new file taking its
+    /// place: a directory there is IsDir, a sticky directory protects other users' files.
+    #[allow(clippy::too_many_arguments)]
+    fn replace_file_entry(&self, caller: &Caller, parent: Ino, dir: &InodeRec, name: &[u8], batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, now: i64) -> Result<()> {
+        if let Some((old, okind)) = self.load_dentry(parent, name)? {
+            if okind == FileKind::Dir {
+                return Err(Error::IsDir);
+            }
+            let victim = self.load(old)?;
+            if !sticky_ok(caller, dir, &victim) {
+                return Err(Error::PermissionDenied);
+            }
+            self.drop_link(batch, freed, old, victim, now)?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn put_touched(&self, batch: &mut WriteBatch, ino: Ino, dir: &mut InodeRec, now: i64) {
         dir.mtime_ns = now;
         dir.ctime_ns = now;
@@ -1227,37 +1298,9 @@ impl Engine {
                 } else {
                     check(caller, &dir, W | X)?;
                 }
-                let mut m = mode & 0o7777;
-                let gid = if dir.mode & 0o2000 != 0 { dir.gid } else { caller.gid };
-                if *kind == FileKind::Dir && dir.mode & 0o2000 != 0 {
-                    m |= 0o2000;
-                }
-                if *kind == FileKind::File && caller.uid != 0 && !caller.in_group(gid) {
-                    m &= !0o2000;
-                }
-                let rec = InodeRec {
-                    kind: *kind,
-                    mode: if *kind == FileKind::Symlink { 0o777 } else { m },
-                    uid: caller.uid,
-                    gid,
-                    nlink: if *kind == FileKind::Dir { 2 } else { 1 },
-                    size: if *kind == FileKind::Symlink { target.len() as u64 } else { 0 },
-                    atime_ns: *now,
-                    mtime_ns: *now,
-                    ctime_ns: *now,
-                    btime_ns: *now,
-                    version: 1,
-                    generation: *generation,
-                    storage: Storage::Inline,
-                    parent: if *kind == FileKind::Dir { *parent } else { 0 },
-                    target: target.clone(),
-                    stored_bytes: 0,
-                    rdev: *rdev,
-                };
+                let rec = new_inode(caller, &dir, *kind, *mode, *generation, *now, *parent, target, *rdev);
                 self.put_inode(batch, *ino, &rec);
-                batch.put_cf(self.cf(CF_SYSTEM), KEY_NEXT_INO, be64(self.next_ino.load(Ordering::Relaxed).max(ino + 1)));
-                let files = self.files.fetch_add(1, Ordering::Relaxed) + 1;
-                batch.put_cf(self.cf(CF_SYSTEM), KEY_FILES, be64(files));
+                self.count_new_inode(batch, *ino);
                 let mut events = vec![];
                 if *orphan {
                     batch.put_cf(self.cf(CF_ORPHANS), be64(*ino), be64(*now as u64));
@@ -1364,21 +1407,44 @@ impl Engine {
                 }
                 check(caller, &dir, W | X)?;
                 let mut rec = self.load(*ino)?;
-                if let Some((old, okind)) = self.load_dentry(*parent, name)? {
-                    if okind == FileKind::Dir {
-                        return Err(Error::IsDir);
-                    }
-                    let victim = self.load(old)?;
-                    if !sticky_ok(caller, &dir, &victim) {
-                        return Err(Error::PermissionDenied);
-                    }
-                    self.drop_link(batch, freed, old, victim, *now)?;
-                }
+                self.replace_file_entry(caller, *parent, &dir, name, batch, freed, *now)?;
                 batch.delete_cf(self.cf(CF_ORPHANS), be64(*ino));
                 batch.put_cf(self.cf(CF_DENTRIES), dentry_key(*parent, name), encode_dentry(*ino, rec.kind));
                 rec.ctime_ns = *now;
                 rec.version += 1;
                 self.put_inode(batch, *ino, &rec);
+                self.put_touched(batch, *parent, &mut dir, *now);
+                Ok(Applied {
+                    attr: Some(attr_of(*ino, &rec)),
+                    events: vec![ChangeEvent { ino: *ino, version: rec.version, kind: ChangeKind::Created { parent: *parent, name: name.clone() } }],
+                })
+            }
+            Command::PutInline { caller, parent, name, mode, ino, generation, data, xattrs, now } => {
+                validate_name(name)?;
+                let mut dir = self.load(*parent)?;
+                if dir.kind != FileKind::Dir {
+                    return Err(Error::NotDir);
+                }
+                check(caller, &dir, W | X)?;
+                if data.len() as u64 > self.cfg.inline_bytes_max {
+                    return Err(Error::InvalidArgument("inline content over the inline limit".into()));
+                }
+                for (n, v) in xattrs {
+                    validate_xattr(n, Some(v))?;
+                }
+                self.replace_file_entry(caller, *parent, &dir, name, batch, freed, *now)?;
+                let mut rec = new_inode(caller, &dir, FileKind::File, *mode, *generation, *now, *parent, &[], 0);
+                rec.size = data.len() as u64;
+                rec.stored_bytes = data.len() as u64;
+                self.put_inode(batch, *ino, &rec);
+                self.count_new_inode(batch, *ino);
+                if !data.is_empty() {
+                    batch.put_cf(self.cf(CF_INLINE), be64(*ino), data);
+                }
+                for (n, v) in xattrs {
+                    batch.put_cf(self.cf(CF_XATTRS), xattr_key(*ino, n), v);
+                }
+                batch.put_cf(self.cf(CF_DENTRIES), dentry_key(*parent, name), encode_dentry(*ino, FileKind::File));
                 self.put_touched(batch, *parent, &mut dir, *now);
                 Ok(Applied {
                     attr: Some(attr_of(*ino, &rec)),
@@ -1457,9 +1523,7 @@ impl Engine {
                 Ok(Applied { attr: Some(attr_of(*ino, &rec)), events: vec![] })
             }
             Command::SetXattr { caller, ino, name, value, now } => {
-                if name.is_empty() || name.len() > XATTR_NAME_BYTES_MAX || name.contains(&0) {
-                    return Err(Error::InvalidArgument("extended attribute name must be 1-255 bytes without NUL".into()));
-                }
+                validate_xattr(name, value.as_deref())?;
                 let mut rec = self.load(*ino)?;
                 if caller.uid != 0 && caller.uid != rec.uid {
                     check(caller, &rec, W)?;
@@ -1467,9 +1531,6 @@ impl Engine {
                 let key = xattr_key(*ino, name);
                 match value {
                     Some(v) => {
-                        if v.len() > XATTR_VALUE_BYTES_MAX {
-                            return Err(Error::InvalidArgument("extended attribute value over 64 KiB".into()));
-                        }
                         batch.put_cf(self.cf(CF_XATTRS), key, v);
                     }
                     None => {
@@ -2356,6 +2417,35 @@ impl Engine {
         self.flush_data_durable(ino)?;
         let cmd = Command::Publish { caller: caller.clone(), ino, parent, name: name.to_vec(), now: self.now() };
         Ok(self.execute(cmd, true)?.expect("publish returns attributes"))
+    }
+
+    /// Creates `name` in `parent` with `data` as its whole content and the extended
+    /// attributes `xattrs` gives for the new file's size and modification time, in place of
+    /// a file of that name, as one durable command: a small upload without staging, writing
+    /// and publishing one after another. `Ok(None)`, with nothing done, when `data` is over
+    /// the inline limit or `parent` is part of a portal (whose hub publishes): stage and
+    /// publish instead.
+    pub fn put_inline(&self, caller: &Caller, parent: Ino, name: &[u8], mode: u32, data: &[u8], xattrs: impl FnOnce(u64, i64) -> Vec<(Vec<u8>, Vec<u8>)>) -> Result<Option<Attr>> {
+        if data.len() as u64 > self.cfg.inline_bytes_max || self.is_mirrored(caller, parent)? {
+            return Ok(None);
+        }
+        let now = self.now();
+        let xattrs = xattrs(data.len() as u64, now);
+        for (n, _) in &xattrs {
+            check_reserved_xattr(caller, n)?;
+        }
+        let cmd = Command::PutInline {
+            caller: caller.clone(),
+            parent,
+            name: name.to_vec(),
+            mode,
+            ino: self.alloc_ino(),
+            generation: rand::random(),
+            data: data.to_vec(),
+            xattrs,
+            now,
+        };
+        self.execute(cmd, true)
     }
 
     pub fn abort_put(&self, _caller: &Caller, ino: Ino) -> Result<()> {

@@ -308,6 +308,14 @@ impl Engine {
 
     /// The hook before a client mutation touching `inos` (targets and parent directories):
     /// `None` to go ahead locally, `Some(attr)` when the fabric carried it out.
+    /// Whether a mutation of `ino` by `caller` would go to a portal's hub.
+    pub(crate) fn is_mirrored(&self, caller: &Caller, ino: Ino) -> Result<bool> {
+        if caller.is_portal() || !self.has_stubs.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        Ok(self.remote_stub(ino)?.is_some())
+    }
+
     pub(crate) fn remote_mutation(&self, inos: &[Ino], m: Mutation<'_>) -> Result<Option<Option<Attr>>> {
         let caller = match &m {
             Mutation::Create { caller, .. }

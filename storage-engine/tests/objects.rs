@@ -36,6 +36,55 @@ fn put_whole_replaces_atomically_and_abort_leaves_nothing() {
     assert_eq!(get(&e, "/bucket/x/y/z.bin"), b"replaced");
 }
 
+/// A whole small object as one command: content, extended attributes and the name in one
+/// batch, replacing a file, refusing a directory, and durable across a restart.
+#[test]
+fn put_inline_creates_or_replaces_in_one_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ino, mtime) = {
+        let e = open(dir.path());
+        let c = root();
+        let b = e.mkdir(&c, ROOT_INO, b"bucket", 0o755).unwrap();
+        let files = e.statfs(&c).unwrap().files;
+        // Replaces a file stored in extents: its stripes are freed.
+        put_object(&e, b.ino, "k", &bytes(4, 100_000));
+        e.sync_metadata().unwrap();
+        assert!(e.drives().iter().any(|d| d.used_bytes > 0));
+        let mut seen = None;
+        let a = e
+            .put_inline(&c, b.ino, b"k", 0o640, b"small body", |size, mtime| {
+                seen = Some((size, mtime));
+                vec![(b"user.etag".to_vec(), format!("{size}@{mtime}").into_bytes())]
+            })
+            .unwrap()
+            .expect("within the inline limit");
+        assert_eq!(seen, Some((10, a.mtime_ns)), "the attributes see the new file's size and time");
+        assert_eq!((a.size, a.mode & 0o7777, a.kind), (10, 0o640, FileKind::File));
+        assert_eq!(get(&e, "/bucket/k"), b"small body");
+        assert_eq!(e.getxattr(&c, a.ino, b"user.etag").unwrap(), format!("10@{}", a.mtime_ns).into_bytes());
+        assert_eq!(e.lookup(&c, b.ino, b"k").unwrap().ino, a.ino);
+        assert_eq!(e.statfs(&c).unwrap().files, files + 1, "one file replaced by another");
+        e.sync_metadata().unwrap();
+        assert!(e.drives().iter().all(|d| d.used_bytes == 0), "the replaced file's stripes are freed");
+        // A directory of that name is not replaced, and nothing is created.
+        e.mkdir(&c, b.ino, b"d", 0o755).unwrap();
+        assert!(matches!(e.put_inline(&c, b.ino, b"d", 0o644, b"x", |_, _| vec![]), Err(Error::IsDir)));
+        assert!(matches!(e.put_inline(&c, b.ino, b"a/b", 0o644, b"x", |_, _| vec![]), Err(Error::InvalidName(_))));
+        assert!(matches!(e.put_inline(&c, b.ino, b"x", 0o644, b"x", |_, _| vec![(vec![], vec![])]), Err(Error::InvalidArgument(_))));
+        assert_eq!(e.statfs(&c).unwrap().files, files + 2);
+        // Over the inline limit: not done, for the caller to stage instead.
+        assert!(e.put_inline(&c, b.ino, b"big", 0o644, &bytes(5, 5000), |_, _| vec![]).unwrap().is_none());
+        assert!(matches!(e.lookup(&c, b.ino, b"big"), Err(Error::NotFound)));
+        (a.ino, a.mtime_ns)
+    };
+    let e = open(dir.path());
+    let c = root();
+    assert_eq!(get(&e, "/bucket/k"), b"small body");
+    let a = e.getattr(&c, ino).unwrap();
+    assert_eq!((a.size, a.mtime_ns), (10, mtime));
+    assert_eq!(e.getxattr(&c, ino, b"user.etag").unwrap(), format!("10@{mtime}").into_bytes());
+}
+
 #[test]
 fn staged_files_left_by_a_crash_are_reclaimed() {
     let dir = tempfile::tempdir().unwrap();

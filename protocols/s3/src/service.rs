@@ -742,14 +742,26 @@ struct PutPlan {
 }
 
 impl PutPlan {
-    /// Checks the bucket, the requested ACL and the conditions, and stages an unnamed file
-    /// for the object (aborted when the guard is dropped armed).
-    fn stage(&self) -> S3Result<(Ino, Staged, Option<Acl>)> {
+    /// Checks the bucket, the requested ACL and the conditions; returns the bucket and the
+    /// object's own ACL, if one was asked for.
+    fn check(&self) -> S3Result<(Attr, Option<Acl>)> {
         let (e, c) = (&self.engine, &self.caller);
         let b = bucket_attr(e, c, &self.bucket)?;
         let acl = requested_object_acl(e, self.canned.as_deref(), &self.headers, self.writer, c.uid, b.uid)?;
-        let mode = acl.as_ref().map_or(FILE_MODE, |acl| object_acl_mode(acl, c.uid, FILE_MODE));
         check_put_conditions(e, c, b.ino, &self.key, self.if_match.as_ref(), self.if_none_match.as_ref())?;
+        Ok((b, acl))
+    }
+
+    /// Checks the request and stages an unnamed file for the object (aborted when the
+    /// guard is dropped armed).
+    fn stage(&self) -> S3Result<(Ino, Staged, Option<Acl>)> {
+        let (b, acl) = self.check()?;
+        self.stage_checked(&b, acl)
+    }
+
+    fn stage_checked(&self, b: &Attr, acl: Option<Acl>) -> S3Result<(Ino, Staged, Option<Acl>)> {
+        let (e, c) = (&self.engine, &self.caller);
+        let mode = acl.as_ref().map_or(FILE_MODE, |acl| object_acl_mode(acl, c.uid, FILE_MODE));
         let (parent, name) = e.object_parent(c, b.ino, &self.key, true).map_err(|e| map_err(e, Missing::Key))?;
         if let Ok(a) = e.lookup(c, parent, name.as_bytes())
             && a.kind == FileKind::Dir
@@ -758,6 +770,37 @@ impl PutPlan {
         }
         let staged = e.begin_put(c, parent, mode).map_err(|e| map_err(e, Missing::Key))?;
         Ok((b.ino, Staged { engine: e.clone(), caller: c.clone(), ino: staged.ino, armed: true }, acl))
+    }
+
+    /// Stores a checked whole object as one engine command (`Engine::put_inline`: content,
+    /// ETag, metadata and tags in one durable batch) when nothing asks for more: no ACL of
+    /// its own, an unversioned bucket, content within the engine's inline limit. `None`:
+    /// not stored, stage it.
+    fn put_inline(&self, b: &Attr, acl: &Option<Acl>, data: &[u8], etag: &str) -> S3Result<Option<()>> {
+        let (e, c) = (&self.engine, &self.caller);
+        if acl.is_some() || bucket_versioning(e, b.ino).is_some() {
+            return Ok(None);
+        }
+        let mut tries = 0;
+        loop {
+            let (parent, name) = e.object_parent(c, b.ino, &self.key, true).map_err(|e| map_err(e, Missing::Key))?;
+            let xattrs = |size, mtime_ns| {
+                let mut x = vec![(XATTR_ETAG.to_vec(), StoredEtag { etag: etag.to_string(), size, mtime_ns }.encode())];
+                if !self.meta.is_empty() {
+                    x.push((XATTR_META.to_vec(), self.meta.encode()));
+                }
+                if !self.tags.is_empty() {
+                    x.push((XATTR_TAGS.to_vec(), encode_tags(&self.tags)));
+                }
+                x
+            };
+            match e.put_inline(c, parent, name.as_bytes(), FILE_MODE, data, xattrs) {
+                Ok(done) => return Ok(done.map(|_| ())),
+                // The directory was removed between finding and linking: once more.
+                Err(Error::NotFound) if tries == 0 => tries += 1,
+                Err(e) => return Err(map_err(e, Missing::Key)),
+            }
+        }
     }
 
     /// Publishes the staged file with its ACL, ETag, metadata and tags. Runs on the blocking
@@ -781,14 +824,20 @@ impl PutPlan {
         h.update(&data);
         let md5 = h.finalize();
         check_content_md5(content_md5, &md5)?;
+        let etag = hex::encode(md5);
         let (bucket_ino, staged, acl) = match staged {
             Some(s) => s,
-            None => self.stage()?,
+            None => {
+                let (b, acl) = self.check()?;
+                if self.put_inline(&b, &acl, &data, &etag)?.is_some() {
+                    return Ok((etag, None));
+                }
+                self.stage_checked(&b, acl)?
+            }
         };
         if !data.is_empty() {
             staged.engine.write(&staged.caller, staged.ino, 0, &data, Stability::Unstable).map_err(|e| map_err(e, Missing::Key))?;
         }
-        let etag = hex::encode(md5);
         let version_id = self.finish(bucket_ino, acl, staged, etag.clone())?;
         Ok((etag, version_id))
     }
