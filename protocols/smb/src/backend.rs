@@ -885,10 +885,13 @@ impl Handle for EngineHandle {
     }
 
     /// Read as the engine, as the DOS attributes are: only the size reaches the client, and
-    /// FileAllInformation answers any open.
+    /// FileAllInformation answers any open. A file deleted meanwhile has none.
     async fn ea_size(&self) -> SmbResult<u32> {
-        let eas = self.with(|e, _, ino| extended_attributes(e, &Caller::system(), ino)).await?;
-        Ok(smb_server::ea_size(&eas))
+        match self.with(|e, _, ino| extended_attributes(e, &Caller::system(), ino)).await {
+            Ok(eas) => Ok(smb_server::ea_size(&eas)),
+            Err(SmbError::NotFound) => Ok(0),
+            Err(e) => Err(e),
+        }
     }
 
     async fn set_extended_attributes(&self, changes: Vec<ExtendedAttribute>) -> SmbResult<()> {
