@@ -889,8 +889,8 @@ async fn write_body(engine: &Arc<Engine>, caller: &Caller, ino: Ino, received: V
         t.await.map_err(|e| internal(format!("blocking task failed: {e}")))?
     }
     let mut body = body;
-    let mut md5 = Some(Md5::new());
-    let mut hashing: Option<JoinHandle<S3Result<Md5>>> = None;
+    let mut md5 = Some(crate::md5::StreamMd5::new());
+    let mut hashing: Option<JoinHandle<S3Result<crate::md5::StreamMd5>>> = None;
     let mut writing: Option<JoinHandle<S3Result<()>>> = None;
     let mut buf = received;
     buf.reserve(PUT_CHUNK_BYTES.saturating_sub(buf.len()));
@@ -913,14 +913,21 @@ async fn write_body(engine: &Arc<Engine>, caller: &Caller, ino: Ino, received: V
             buf.extend_from_slice(&bytes);
         }
         if buf.len() >= PUT_CHUNK_BYTES || (done && !buf.is_empty()) {
-            let chunk = Arc::new(std::mem::replace(&mut buf, Vec::with_capacity(PUT_CHUNK_BYTES)));
+            // Chunks of exactly PUT_CHUNK_BYTES (but the last): uploads' chunks of one size
+            // at block boundaries can share the MD5 lanes (md5.rs).
+            let mut next = Vec::with_capacity(PUT_CHUNK_BYTES);
+            if buf.len() > PUT_CHUNK_BYTES && !done {
+                next.extend_from_slice(&buf[PUT_CHUNK_BYTES..]);
+                buf.truncate(PUT_CHUNK_BYTES);
+            }
+            let chunk = Arc::new(std::mem::replace(&mut buf, next));
             let mut h = match hashing.take() {
                 Some(t) => joined(t).await?,
                 None => md5.take().expect("the hasher is here when no piece is being hashed"),
             };
             let c = chunk.clone();
             hashing = Some(tokio::task::spawn_blocking(move || {
-                h.update(&c[..]);
+                h.update(c);
                 Ok(h)
             }));
             if let Some(w) = writing.take() {
@@ -943,7 +950,7 @@ async fn write_body(engine: &Arc<Engine>, caller: &Caller, ino: Ino, received: V
         Some(t) => joined(t).await?,
         None => md5.expect("the hasher is here when no piece is being hashed"),
     };
-    Ok((offset, h.finalize().into()))
+    Ok((offset, h.finalize()))
 }
 
 fn check_content_md5(content_md5: Option<&str>, md5: &[u8; 16]) -> S3Result<()> {
