@@ -55,6 +55,13 @@ pub(crate) struct StreamMd5 {
     finished: bool,
 }
 
+/// A chunk of an upload's body, shared with the write that stores it.
+pub(crate) type Chunk = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+fn bytes(c: &Chunk) -> &[u8] {
+    (**c).as_ref()
+}
+
 /// Chunks an upload may have waiting to be hashed.
 pub(crate) const BACKLOG_MAX: usize = 2;
 
@@ -68,7 +75,7 @@ struct Backlog {
 }
 
 enum LaneMsg {
-    Chunk(u64, std::sync::Arc<Backlog>, std::sync::Arc<Vec<u8>>),
+    Chunk(u64, std::sync::Arc<Backlog>, Chunk),
     Finish(u64, std::sync::mpsc::SyncSender<[u8; 16]>),
     Drop(u64),
 }
@@ -83,7 +90,7 @@ struct LaneStream {
     state: md5_many::Md5State,
     /// Bytes hashed so far: lanes take a state only at a block boundary.
     bytes: u64,
-    queue: std::collections::VecDeque<(std::sync::Arc<Backlog>, std::sync::Arc<Vec<u8>>)>,
+    queue: std::collections::VecDeque<(std::sync::Arc<Backlog>, Chunk)>,
     finish: Option<std::sync::mpsc::SyncSender<[u8; 16]>>,
 }
 
@@ -130,8 +137,8 @@ fn lane_thread(rx: std::sync::mpsc::Receiver<LaneMsg>) {
         let mut ids: Vec<u64> = streams.iter().filter(|(_, s)| !s.queue.is_empty()).map(|(id, _)| *id).collect();
         ids.sort_unstable();
         // Lanes take equal lengths; a different one (an upload's last chunk) hashes alone.
-        let len = ids.iter().map(|id| streams[id].queue[0].1.len()).max().unwrap_or(0);
-        let (lane_ids, alone): (Vec<u64>, Vec<u64>) = ids.into_iter().partition(|id| streams[id].queue[0].1.len() == len && len % 64 == 0 && streams[id].bytes % 64 == 0);
+        let len = ids.iter().map(|id| bytes(&streams[id].queue[0].1).len()).max().unwrap_or(0);
+        let (lane_ids, alone): (Vec<u64>, Vec<u64>) = ids.into_iter().partition(|id| bytes(&streams[id].queue[0].1).len() == len && len % 64 == 0 && streams[id].bytes % 64 == 0);
         let (lane_ids, alone) = if lane_ids.len() >= 3 { (lane_ids, alone) } else { (Vec::new(), lane_ids.into_iter().chain(alone).collect()) };
         for group in lane_ids.chunks(wide) {
             let n = if group.len() > 8 { 16 } else { 8 };
@@ -140,7 +147,7 @@ fn lane_thread(rx: std::sync::mpsc::Receiver<LaneMsg>) {
             }
             let mut states: Vec<md5_many::Md5State> = group.iter().map(|id| streams[id].state).collect();
             states.extend_from_slice(&dummies[..n - group.len()]);
-            let mut inputs: Vec<&[u8]> = group.iter().map(|id| &streams[id].queue[0].1[..]).collect();
+            let mut inputs: Vec<&[u8]> = group.iter().map(|id| bytes(&streams[id].queue[0].1)).collect();
             inputs.resize(n, &filler[..len]);
             engine.update_many(&mut states, &inputs);
             drop(inputs);
@@ -153,12 +160,12 @@ fn lane_thread(rx: std::sync::mpsc::Receiver<LaneMsg>) {
         for id in &alone {
             let s = streams.get_mut(id).expect("a stream of this round");
             let data = s.queue[0].1.clone();
-            s.state.update(&data);
+            s.state.update(bytes(&data));
         }
         for id in lane_ids.iter().chain(&alone) {
             let s = streams.get_mut(id).expect("a stream of this round");
             let (b, d) = s.queue.pop_front().expect("the head just hashed");
-            s.bytes += d.len() as u64;
+            s.bytes += bytes(&d).len() as u64;
             b.done();
         }
         // Uploads whose last chunk is hashed get their digest.
@@ -188,15 +195,16 @@ impl StreamMd5 {
         StreamMd5 { id, backlog: Default::default(), finished: false }
     }
 
-    fn send(&self, m: LaneMsg) {
+    /// False only if the hashing thread is gone (it does not end while the process runs).
+    fn send(&self, m: LaneMsg) -> bool {
         let tx = lanes().tx.lock().unwrap_or_else(|e| e.into_inner());
-        tx.send(m).expect("the MD5 lanes thread runs for the life of the process");
+        tx.send(m).is_ok()
     }
 
     /// Queues a chunk for hashing; blocks while [`BACKLOG_MAX`] chunks of this upload are
     /// waiting. Call it where blocking is allowed.
-    pub(crate) fn update(&mut self, data: std::sync::Arc<Vec<u8>>) {
-        if data.is_empty() {
+    pub(crate) fn update(&mut self, data: Chunk) {
+        if bytes(&data).is_empty() {
             return;
         }
         {
@@ -206,14 +214,14 @@ impl StreamMd5 {
             }
             *w += 1;
         }
-        self.send(LaneMsg::Chunk(self.id, self.backlog.clone(), data));
+        assert!(self.send(LaneMsg::Chunk(self.id, self.backlog.clone(), data)), "the MD5 lanes thread runs for the life of the process");
     }
 
     /// The digest, once every chunk is hashed. Blocks.
     pub(crate) fn finalize(mut self) -> [u8; 16] {
         let (reply, answer) = std::sync::mpsc::sync_channel(1);
-        self.send(LaneMsg::Finish(self.id, reply));
         self.finished = true;
+        assert!(self.send(LaneMsg::Finish(self.id, reply)), "the MD5 lanes thread runs for the life of the process");
         answer.recv().expect("the MD5 lanes thread answers every upload it was given")
     }
 }
@@ -221,7 +229,8 @@ impl StreamMd5 {
 impl Drop for StreamMd5 {
     fn drop(&mut self) {
         if !self.finished {
-            self.send(LaneMsg::Drop(self.id));
+            // Nothing to tell a hashing thread that is gone.
+            let _ = self.send(LaneMsg::Drop(self.id));
         }
     }
 }
@@ -257,17 +266,17 @@ mod tests {
                     // Every third upload starts with a piece that is not a whole block.
                     let mut at = if seed % 3 == 0 { 1000 + seed as usize } else { 0 };
                     if at > 0 {
-                        h.update(std::sync::Arc::new(data[..at].to_vec()));
+                        h.update(std::sync::Arc::new(data[..at].to_vec()) as Chunk);
                     }
                     while at < data.len() {
                         let end = (at + (256 << 10)).min(data.len());
-                        h.update(std::sync::Arc::new(data[at..end].to_vec()));
+                        h.update(std::sync::Arc::new(data[at..end].to_vec()) as Chunk);
                         at = end;
                     }
                     if seed == 5 {
                         // Dropped half-way: the others go on.
                         let mut g = StreamMd5::new();
-                        g.update(std::sync::Arc::new(data[..1 << 20].to_vec()));
+                        g.update(std::sync::Arc::new(data[..1 << 20].to_vec()) as Chunk);
                         drop(g);
                     }
                     let mut o = Md5::new();
