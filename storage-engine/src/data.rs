@@ -714,14 +714,12 @@ impl DataStore {
             let b = ((piece_end - shard as u64 * sb).div_ceil(cb) * cb).min(sb);
             let p = rec.placements[shard];
             match self.device(&p) {
-                Some((dev, c)) => {
-                    reads.push((shard, a, b, pos, piece_end, dev.read(p.offset + a, (b - a) as usize), c))
-                }
+                Some((dev, _)) => reads.push((shard, a, b, pos, piece_end, dev.read(p.offset + a, (b - a) as usize))),
                 None => ok = false,
             }
             pos = piece_end;
         }
-        for (shard, a, b, from, to, comp, counters) in reads {
+        for (shard, a, b, from, to, comp) in reads {
             match comp.wait() {
                 Ok(buf) => {
                     let first = (a / cb) as usize;
@@ -732,7 +730,7 @@ impl DataStore {
                         }
                     }
                     if !good {
-                        counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                        // Counted once, by `read_shards`, when the reconstruction reads it again.
                         tracing::warn!(drive = rec.placements[shard].drive, "checksum mismatch, reconstructing");
                         ok = false;
                         continue;
@@ -884,9 +882,7 @@ impl DataStore {
                 let first = (part.a / cb) as usize;
                 let good = bytes.chunks(cb as usize).enumerate().all(|(k, chunk)| crc32c::crc32c(chunk) == rec.crcs[part.shard * blocks + first + k]);
                 if !good {
-                    if let Some((_, counters)) = self.device(&rec.placements[part.shard]) {
-                        counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
-                    }
+                    // Counted once, by `read_shards`, when `read_range` reconstructs the piece.
                     tracing::warn!(drive = part.drive, "checksum mismatch, reconstructing");
                     ok = false;
                     break;
