@@ -1,7 +1,8 @@
-//! MD5 for ETags and Content-MD5. OpenSSL's assembly MD5 runs at about twice the speed of
-//! the portable Rust one here (≈840 against ≈465 MiB/s on one core of the development VM),
-//! and one PUT stream is hashed on one core, so it bounds a single large upload. Where
-//! OpenSSL refuses MD5 (a FIPS-only configuration), the portable implementation is used.
+//! MD5 for ETags and Content-MD5. [`Md5`] hashes one buffer (small PUTs, copies, parts'
+//! MD5s): OpenSSL's assembly MD5, about twice the portable Rust one here (≈840 against
+//! ≈465 MiB/s on one core of the development VM); where OpenSSL refuses MD5 (a FIPS-only
+//! configuration), the portable implementation. [`StreamMd5`] hashes streamed upload bodies
+//! on one thread shared by all uploads, in SIMD lanes while several are in flight.
 
 use md5::Digest;
 use openssl::hash::{Hasher, MessageDigest};
