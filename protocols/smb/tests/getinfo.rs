@@ -19,6 +19,10 @@
 //!   before the listing went on.
 //! - `create.impersonation`: an ImpersonationLevel past SecurityDelegation is
 //!   STATUS_BAD_IMPERSONATION_LEVEL.
+//! - `create.quota-fake-file`: `$Extend\$Quota:$Q:$INDEX_ALLOCATION` opens the NT quota fake
+//!   file, a hidden system directory with every time zero, as on Samba (the quota queries and
+//!   sets on it, and the requests it refuses, are tested in the vendored library's
+//!   src/tests/quota.rs).
 //!
 //! Each list also holds the tests of its suite that passed before, so a regression in any of
 //! them fails this test too (docs/smb-conformance.md has the per-test results).
@@ -46,6 +50,7 @@ const CREATE: &[&str] = &[
     "mkdir-dup",
     "dir-alloc-size",
     "dosattr_tmp_dir",
+    "quota-fake-file",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -114,8 +114,9 @@ pub struct FileInfo {
     /// both cache writes to it.
     pub file_index: u64,
     /// `FILE_ATTRIBUTE_HIDDEN` and `FILE_ATTRIBUTE_SYSTEM` as the backend
-    /// stores them (Aquifer patch); other bits are ignored. 0 for a backend
-    /// that stores neither.
+    /// stores them (Aquifer patch), and `FILE_ATTRIBUTE_ARCHIVE` for a
+    /// directory that reports it (files always do); other bits are
+    /// ignored. 0 for a backend that stores none.
     pub dos_attributes: u32,
 }
 
@@ -173,7 +174,11 @@ impl FileInfo {
         if self.read_only {
             attributes |= FILE_ATTRIBUTE_READONLY;
         }
-        attributes | self.dos_attributes & (FILE_ATTRIBUTE_HIDDEN | FILE_ATTRIBUTE_SYSTEM)
+        // Aquifer patch: a directory reports ARCHIVE only when it is in
+        // `dos_attributes`, as the quota fake file has it.
+        attributes
+            | self.dos_attributes
+                & (FILE_ATTRIBUTE_HIDDEN | FILE_ATTRIBUTE_SYSTEM | FILE_ATTRIBUTE_ARCHIVE)
     }
 }
 

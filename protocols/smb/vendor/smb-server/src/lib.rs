@@ -329,6 +329,7 @@ pub(crate) mod info_class;
 pub mod ntstatus;
 mod path;
 mod proto;
+mod quota;
 mod request_identity;
 mod rpc;
 mod security;
@@ -346,6 +347,7 @@ mod tests {
     mod notify;
     pub(crate) mod peer;
     mod pipes;
+    mod quota;
 }
 mod utils;
 mod wildcard;

@@ -145,7 +145,7 @@ impl Sid {
     }
 
     /// The SID at the start of `buf`, and its length.
-    fn parse(buf: &[u8]) -> Result<(Sid, usize), SdError> {
+    pub(crate) fn parse(buf: &[u8]) -> Result<(Sid, usize), SdError> {
         let [revision, count, ..] = *buf else {
             return Err(SdError::Malformed);
         };

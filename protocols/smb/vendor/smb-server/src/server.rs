@@ -328,6 +328,9 @@ pub struct ServerState {
     pub(crate) leases: Arc<crate::files::LeaseTable>,
     /// Every durable open, and the ones kept after their session ended.
     pub(crate) durable: Arc<DurableTable>,
+    /// The connections of each client, by ClientGuid, where lease breaks
+    /// go (Aquifer patch).
+    pub(crate) clients: crate::conn::outbound::ClientTable,
 }
 
 impl ServerState {
@@ -352,6 +355,7 @@ impl ServerState {
             ),
             leases: Arc::default(),
             durable,
+            clients: Default::default(),
         }
     }
 

@@ -635,6 +635,10 @@ pub struct Open {
     /// in the file's list of extended attributes, where a
     /// FileFullEaInformation query without SL_RESTART_SCAN goes on.
     pub(crate) next_ea_entry: std::sync::atomic::AtomicUsize,
+    /// The open is of the NT quota fake file (Aquifer patch; see
+    /// `crate::quota`): it has no entry in a file table and no backend
+    /// file behind it, and quota queries on it are answered.
+    pub(crate) quota_fake_file: bool,
 }
 
 impl Open {

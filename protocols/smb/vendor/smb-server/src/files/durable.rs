@@ -849,6 +849,7 @@ mod tests {
                 created: false,
                 marked_deleted: Default::default(),
                 next_ea_entry: Default::default(),
+                quota_fake_file: false,
             }))
         }
 

@@ -2,7 +2,8 @@
 //! 3.3.1.11), and delivery of lease break notifications (MS-SMB2 3.3.4.7).
 //!
 //! Lock order: the durable table, then `LeaseTable` bindings, then a
-//! share's file table, then a file, then a connection's outbound queue.
+//! share's file table, then a file, then a client's list of connections or
+//! a connection's outbound queue.
 //! Notifications are delivered after every file lock is released.
 
 use std::collections::HashMap;
@@ -1102,6 +1103,44 @@ mod tests {
         assert!(first_rx.try_recv().is_none());
         let n = notification(&second_rx.try_recv().expect("break"));
         assert_eq!((n.current_lease_state, n.new_lease_state), (3, 1));
+    }
+
+    #[test]
+    fn a_break_goes_to_the_client_s_first_connection() {
+        let table = Arc::new(LeaseTable::default());
+        let clients = crate::conn::outbound::ClientTable::default();
+        let s = share();
+        let (first, mut first_rx) = connection();
+        let (second, mut second_rx) = connection();
+        let (other, mut other_rx) = connection();
+        clients.join(Uuid::from_u128(1), &first);
+        clients.join(Uuid::from_u128(1), &second);
+        clients.join(Uuid::from_u128(2), &other);
+        // Lease 1 is held through the second connection only, lease 2
+        // through a connection of another client.
+        let _held = hold_rh(&table, &s, &second, 1);
+        let _other = hold_rh(&table, &s, &other, 2);
+        let writer = open(&s, 7, "f", &other, None);
+        writer.break_leases(Trigger::Write);
+        let n = notification(&first_rx.try_recv().expect("break on the first connection"));
+        assert_eq!((n.lease_key, n.current_lease_state), ([1; 16], 3));
+        assert!(second_rx.try_recv().is_none());
+        let n = notification(&other_rx.try_recv().expect("the other client's break"));
+        assert_eq!(n.lease_key, [2; 16]);
+        assert!(first_rx.try_recv().is_none());
+
+        // Once the first connection is closed, the next one takes it.
+        first.close();
+        let (_again, _, guard) = leased(&table, &s, 8, "g", &second, 3).unwrap();
+        drop(guard);
+        let writer = open(&s, 8, "g", &other, None);
+        writer.break_leases(Trigger::Write);
+        let n = notification(
+            &second_rx
+                .try_recv()
+                .expect("break on the second connection"),
+        );
+        assert_eq!(n.lease_key, [3; 16]);
     }
 
     #[test]

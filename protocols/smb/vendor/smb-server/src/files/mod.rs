@@ -323,6 +323,7 @@ mod tests {
             created: false,
             marked_deleted: Default::default(),
             next_ea_entry: Default::default(),
+            quota_fake_file: false,
         });
         let in_table = || {
             share.files.path_is_open(&path, false) || share.files.delete_pending_at(&path, false)

@@ -549,13 +549,30 @@ impl FileState {
         self.opens.iter().find(|e| e.id == id)
     }
 
-    /// The connections of the opens holding the lease `id`, each once, in
-    /// open order: where a break of the lease may go (MS-SMB2 3.3.4.7).
+    /// Where a break of the lease `id` may go, in the order to try
+    /// (MS-SMB2 3.3.4.7): the client's first connection still open, then
+    /// the connections of the opens holding the lease, each once, in open
+    /// order. A lease belongs to its client, and Windows and Samba send its
+    /// breaks on that first connection also when only opens made through
+    /// another connection of the client hold it (Aquifer patch; upstream
+    /// tried the opens' connections only, smbtorture's
+    /// `smb2.lease.v2_complex1`).
     fn owners(&self, id: LeaseId) -> Vec<Weak<Outbound>> {
         let mut owners: Vec<Weak<Outbound>> = Vec::new();
         for entry in self.opens.iter().filter(|e| e.lease == Some(id)) {
             if !owners.iter().any(|o| o.ptr_eq(&entry.owner)) {
                 owners.push(entry.owner.clone());
+            }
+        }
+        let first = owners
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find_map(|o| o.client_first());
+        if let Some(first) = first {
+            let first = Arc::downgrade(&first);
+            match owners.iter().position(|o| o.ptr_eq(&first)) {
+                Some(at) => owners[..=at].rotate_right(1),
+                None => owners.insert(0, first),
             }
         }
         owners

@@ -42,6 +42,7 @@ use crate::info_class::VOLUME_SERIAL_NUMBER;
 use crate::short_name;
 use crate::ntstatus;
 use crate::path::SmbPath;
+use crate::quota;
 use crate::security::{self, SecurityDescriptor};
 use crate::proto::auth::ntlm::Identity;
 use crate::server::{ServerState, ShareBindings};
@@ -349,6 +350,9 @@ struct CreateArgs {
     oplock: OplockLevel,
     /// The configured name of the session's user; `None` for anonymous.
     owner: Option<String>,
+    /// The name is that of the NT quota fake file (Aquifer patch; see
+    /// [`crate::quota`]); `path` is then the root.
+    quota_fake_file: bool,
 }
 
 /// What a CREATE asks for.
@@ -418,8 +422,14 @@ impl CreateArgs {
         if units.first() == Some(&u16::from(b'\\')) {
             return Err(ntstatus::STATUS_INVALID_PARAMETER);
         }
-        let mut path =
-            SmbPath::from_utf16(&units).map_err(|_| ntstatus::STATUS_OBJECT_NAME_INVALID)?;
+        // Aquifer patch: the NT quota fake file, which is no path of the
+        // backend's, goes through the checks below as an open of the root.
+        let quota_fake_file = quota::is_fake_file_name(&units);
+        let mut path = if quota_fake_file {
+            SmbPath::root()
+        } else {
+            SmbPath::from_utf16(&units).map_err(|_| ntstatus::STATUS_OBJECT_NAME_INVALID)?
+        };
         // Aquifer patch: a component that names nothing but is the short
         // name of an entry of its directory opens that entry, under its
         // long name from here on (file table, leases, names reported).
@@ -571,6 +581,7 @@ impl CreateArgs {
             lease,
             oplock,
             owner,
+            quota_fake_file,
         }))
     }
 }
@@ -661,6 +672,9 @@ pub async fn handle(
         }
         Err(status) => return Outcome::Done(HandlerResponse::err(status)),
     };
+    if args.quota_fake_file {
+        return Outcome::Done(open_quota_fake_file(server, conn, hdr, &args).await);
+    }
     // MS-SMB2 3.3.5.9.10: a version 2 request that repeats the CreateGuid of
     // a live durable open of the same client fails unless it is marked as a
     // replay. A request marked as one is not answered from that open; it
@@ -728,6 +742,83 @@ pub async fn handle(
         op,
         work: Box::pin(work),
     })
+}
+
+/// Opens the NT quota fake file (Aquifer patch; see [`crate::quota`]) for a
+/// CREATE that named it and passed the checks of every CREATE. The file
+/// exists, so a disposition that only creates is
+/// STATUS_OBJECT_NAME_COLLISION; nothing of it can be overwritten,
+/// superseded or deleted (STATUS_ACCESS_DENIED, STATUS_CANNOT_DELETE); it
+/// is an index, which FILE_NON_DIRECTORY_FILE refuses with
+/// STATUS_FILE_IS_A_DIRECTORY. As on Samba, the open gets no lease, oplock
+/// or durable handle and takes part in no sharing check.
+async fn open_quota_fake_file(
+    server: &Arc<ServerState>,
+    conn: &Arc<Connection>,
+    hdr: &Smb2Header,
+    args: &CreateArgs,
+) -> HandlerResponse {
+    let fail = HandlerResponse::err;
+    match args.intent {
+        OpenIntent::Open | OpenIntent::OpenOrCreate => {}
+        OpenIntent::Create => return fail(ntstatus::STATUS_OBJECT_NAME_COLLISION),
+        OpenIntent::Truncate | OpenIntent::OverwriteOrCreate => {
+            return fail(ntstatus::STATUS_ACCESS_DENIED);
+        }
+    }
+    if args.opts.non_directory {
+        return fail(ntstatus::STATUS_FILE_IS_A_DIRECTORY);
+    }
+    if args.delete_on_close {
+        return fail(ntstatus::STATUS_CANNOT_DELETE);
+    }
+    let tree_arc = match lookup_session_tree(conn, hdr).await {
+        Ok(t) => t,
+        Err(status) => return fail(status),
+    };
+    let limit = server.max_opens_per_connection.load(Ordering::Relaxed);
+    let Some(slot) = OpenSlot::acquire(&conn.open_count, limit) else {
+        warn!(limit, "open limit reached");
+        return fail(ntstatus::STATUS_INSUFFICIENT_RESOURCES);
+    };
+    let info = quota::fake_file_info();
+    let mut tree = tree_arc.write().await;
+    if tree.closed {
+        return fail(ntstatus::STATUS_NETWORK_NAME_DELETED);
+    }
+    let file_id = tree.alloc_file_id();
+    let open = Open {
+        file_id,
+        handle: Some(Box::new(quota::FakeFileHandle)),
+        granted_access: args.open_access,
+        is_directory: true,
+        delete_on_close: false,
+        search_state: None,
+        fixed_times: FileTimes::default(),
+        create_options: args.options,
+        file: None,
+        slot: Some(slot),
+        durable: None,
+        watch: None,
+        wrote: Default::default(),
+        created: false,
+        marked_deleted: Default::default(),
+        next_ea_entry: Default::default(),
+        quota_fake_file: true,
+    };
+    tree.opens
+        .get_mut()
+        .insert(file_id, Arc::new(tokio::sync::RwLock::new(open)));
+    drop(tree);
+    debug!(id = file_id.persistent, "quota fake file opened");
+    let answers = args.queries.answer(&info, args.maximal, VOLUME_SERIAL_NUMBER);
+    HandlerResponse::ok(encode_response(
+        &info,
+        file_id,
+        OplockLevel::None,
+        FILE_OPENED,
+        &answers,
+    ))
 }
 
 /// One try at opening the file. Runs the session and tree checks again, so
@@ -1102,6 +1193,7 @@ async fn attempt(
         created: action != OpenAction::Opened,
         marked_deleted: Default::default(),
         next_ea_entry: Default::default(),
+        quota_fake_file: false,
     };
     let open_arc = Arc::new(tokio::sync::RwLock::new(open));
     tree.opens.get_mut().insert(file_id, open_arc);

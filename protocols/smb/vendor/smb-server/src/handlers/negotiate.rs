@@ -218,6 +218,13 @@ pub async fn handle(
 
     *conn.dialect.write().await = Some(dialect);
     *conn.client_guid.write().await = Uuid::from_bytes(req.client_guid);
+    // Aquifer patch: the connection joins its client's, where breaks of the
+    // client's leases go (SMB 2.1 and later grant leases).
+    if dialect != Dialect::Smb202 {
+        server
+            .clients
+            .join(Uuid::from_bytes(req.client_guid), &conn.outbound);
+    }
     *conn.signing_algo.write().await = match dialect {
         Dialect::Smb202 | Dialect::Smb210 => SigningAlgo::HmacSha256,
         Dialect::Smb311 => match contexts.as_ref().and_then(|c| c.signing_algorithm) {

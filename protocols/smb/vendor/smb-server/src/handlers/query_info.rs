@@ -17,6 +17,7 @@ use crate::error::SmbError;
 use crate::handlers::shared::{lookup_open, lookup_session_tree};
 use crate::info_class as ic;
 use crate::ntstatus;
+use crate::quota;
 use crate::security;
 use crate::server::{ServerState, ShareBindings};
 
@@ -95,6 +96,10 @@ pub async fn handle(
             Ok(sd) => Ok((sd, Overflow::Never)),
             Err(status) => Err(status),
         },
+        // Aquifer patch: quota queries on the NT quota fake file are
+        // answered (no entries); no other open has quotas (MS-SMB2
+        // 3.3.5.20.4: a store without quotas answers STATUS_NOT_SUPPORTED).
+        InfoType::Quota if open.quota_fake_file => Err(quota::query(&req.input_buffer)),
         InfoType::Quota => Err(ntstatus::STATUS_NOT_SUPPORTED),
     };
     drop(open);

@@ -93,6 +93,13 @@ async fn set(
         Some(t) => t,
         None => return Ok(HandlerResponse::err(ntstatus::STATUS_INVALID_INFO_CLASS)),
     };
+    // Aquifer patch: nothing about the NT quota fake file can be changed,
+    // and there are no quotas to set (below, as for every open).
+    if matches!(info_type, InfoType::File | InfoType::Security)
+        && open_arc.read().await.quota_fake_file
+    {
+        return Ok(HandlerResponse::err(ntstatus::STATUS_ACCESS_DENIED));
+    }
     if matches!(info_type, InfoType::Security) {
         let open = open_arc.read().await;
         return Ok(
@@ -1017,6 +1024,7 @@ mod tests {
                 created: false,
                 marked_deleted: Default::default(),
                 next_ea_entry: Default::default(),
+                quota_fake_file: false,
             };
             tree.opens
                 .write()
