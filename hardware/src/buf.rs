@@ -22,6 +22,10 @@ pub(crate) fn round_up_to_block(len: usize) -> usize {
 ///
 /// The buffer is moved into an I/O request and handed back on completion; the heap memory
 /// never moves while the kernel uses it.
+///
+/// A buffer may also be a read-only [`view`](Self::view) of whole blocks of another, shared
+/// one: a drive writes a stripe's data shards straight from the buffer that collected the
+/// data, without copying each shard out first.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
@@ -32,6 +36,9 @@ pub struct AlignedBuf {
     filled: bool,
     /// The allocation is a mapping of whole huge pages from [`big`], not the allocator's.
     big: bool,
+    /// For a view: the buffer whose bytes these are, kept alive (and unchanged: a view is
+    /// read-only and the owner is shared) until the view is dropped. Nothing is freed then.
+    owner: Option<std::sync::Arc<AlignedBuf>>,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
@@ -44,7 +51,7 @@ impl AlignedBuf {
     pub fn zeroed(len: usize) -> Self {
         let capacity = round_up_to_block(len);
         if capacity == 0 {
-            return Self { ptr: Self::dangling(), len: 0, capacity: 0, filled: true, big: false };
+            return Self { ptr: Self::dangling(), len: 0, capacity: 0, filled: true, big: false, owner: None };
         }
         let layout = Self::layout(capacity);
         // SAFETY: layout has a non-zero size.
@@ -53,7 +60,7 @@ impl AlignedBuf {
             alloc::handle_alloc_error(layout);
         };
         debug_assert_eq!(ptr.as_ptr() as usize % BLOCK_BYTES, 0);
-        Self { ptr, len, capacity, filled: true, big: false }
+        Self { ptr, len, capacity, filled: true, big: false, owner: None }
     }
 
     /// A buffer of `len` bytes (a multiple of BLOCK_BYTES) for a drive read to fill, left
@@ -71,7 +78,7 @@ impl AlignedBuf {
         }
         if len >= big::BYTES_MIN {
             if let Some((ptr, capacity)) = big::take(len) {
-                return Self { ptr, len, capacity, filled: false, big: true };
+                return Self { ptr, len, capacity, filled: false, big: true, owner: None };
             }
         }
         let layout = Self::layout(len);
@@ -80,11 +87,12 @@ impl AlignedBuf {
         let Some(ptr) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout);
         };
-        Self { ptr, len, capacity: len, filled: false, big: false }
+        Self { ptr, len, capacity: len, filled: false, big: false, owner: None }
     }
 
     /// Where the drive reads the byte at `at` into (`at` < the padded length).
     pub(crate) fn read_ptr(&mut self, at: usize) -> *mut u8 {
+        assert!(self.owner.is_none(), "a view of a shared buffer is read-only");
         assert!(at < self.padded_len().max(1), "read pointer past the buffer");
         // SAFETY: `at` lies inside the allocation (or is 0 for an empty one).
         unsafe { self.ptr.as_ptr().add(at) }
@@ -110,7 +118,7 @@ impl AlignedBuf {
         assert!(data.len() <= len, "data longer than the buffer");
         let capacity = round_up_to_block(len);
         if capacity == 0 {
-            return Self { ptr: Self::dangling(), len: 0, capacity: 0, filled: true, big: false };
+            return Self { ptr: Self::dangling(), len: 0, capacity: 0, filled: true, big: false, owner: None };
         }
         let layout = Self::layout(capacity);
         // SAFETY: layout has a non-zero size.
@@ -125,7 +133,28 @@ impl AlignedBuf {
             std::ptr::write_bytes(ptr.as_ptr().add(data.len()), 0, capacity - data.len());
         }
         debug_assert_eq!(ptr.as_ptr() as usize % BLOCK_BYTES, 0);
-        Self { ptr, len, capacity, filled: true, big: false }
+        Self { ptr, len, capacity, filled: true, big: false, owner: None }
+    }
+
+    /// A read-only buffer of the `len` bytes at `start` of `owner`, sharing them: no copy.
+    /// `start` and `len` are whole blocks within `owner`'s padded length, so the view needs
+    /// no padding of its own and a drive can write it as it is. `owner` stays allocated, and
+    /// unchanged, until every view of it is dropped.
+    pub fn view(owner: &std::sync::Arc<AlignedBuf>, start: usize, len: usize) -> Self {
+        assert!(start.is_multiple_of(BLOCK_BYTES) && len.is_multiple_of(BLOCK_BYTES), "a view is whole blocks");
+        assert!(start.checked_add(len).is_some_and(|end| end <= owner.padded_len()), "a view past the end of its buffer");
+        assert!(owner.filled, "a view of an unfilled read buffer");
+        if len == 0 {
+            return Self::zeroed(0);
+        }
+        // SAFETY: [start, start + len) lies inside the owner's allocation, checked above.
+        let ptr = unsafe { NonNull::new_unchecked(owner.ptr.as_ptr().add(start)) };
+        Self { ptr, len, capacity: len, filled: true, big: false, owner: Some(owner.clone()) }
+    }
+
+    /// Whether this buffer is a [`view`](Self::view) of another.
+    pub fn is_view(&self) -> bool {
+        self.owner.is_some()
     }
 
     pub fn len(&self) -> usize {
@@ -147,6 +176,7 @@ impl AlignedBuf {
         if len >= self.len {
             return;
         }
+        assert!(self.owner.is_none(), "a view of a shared buffer is read-only");
         let old_len = self.len;
         // SAFETY: [len, old_len) lies inside the allocation.
         unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(len), 0, old_len - len) };
@@ -163,6 +193,7 @@ impl AlignedBuf {
     /// The buffer including its padding, writable: where a read lands.
     pub(crate) fn padded_mut(&mut self) -> &mut [u8] {
         assert!(self.filled, "bytes of an unfilled read buffer");
+        assert!(self.owner.is_none(), "a view of a shared buffer is read-only");
         // SAFETY: as for `padded`, and `&mut self` makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.padded_len()) }
     }
@@ -186,6 +217,10 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if self.owner.is_some() {
+            // A view: the owner frees its bytes when its last holder drops it.
+            return;
+        }
         if self.big {
             big::give(self.ptr, self.capacity);
         } else if self.capacity != 0 {
@@ -205,10 +240,11 @@ impl Drop for AlignedBuf {
 /// so a read into them stays one request. Where the kernel gives no huge pages (transparent
 /// huge pages off), the buffers work the same, with 4 KiB pages.
 ///
-/// Freed buffers are kept, up to [`KEPT_BYTES_MAX`](big::KEPT_BYTES_MAX) in all, so that the
+/// Freed buffers are kept, up to [`kept_bytes_max`](big::kept_bytes_max) in all, so that the
 /// next read of that size finds its pages already there: a fresh mapping is faulted in and
 /// zeroed page by page when the kernel pins it for the read. A kept buffer is handed out again
-/// only to a read, which overwrites every byte before anything looks at it.
+/// only to a read, which overwrites every byte before anything looks at it, or to a
+/// [`FillBuf`](super::FillBuf), which shows only the bytes filled into it.
 mod big {
     use std::ptr::NonNull;
 
@@ -218,8 +254,21 @@ mod big {
     const HUGE_PAGE_BYTES: usize = 2 << 20;
     /// Reads of this many bytes and more get a huge-page buffer.
     pub(super) const BYTES_MIN: usize = HUGE_PAGE_BYTES;
-    /// Bytes of freed buffers kept for reuse in all; the rest are unmapped.
-    pub(super) const KEPT_BYTES_MAX: usize = 64 << 20;
+    /// Bytes of freed buffers kept for reuse in all; the rest are unmapped: 1/64 of the
+    /// machine's memory, at least 64 MiB and at most 1 GiB. Write buffers and upload chunks
+    /// come from here too, and the pool must hold what concurrent large writes cycle through
+    /// (eight streams each with up to 32 MiB buffered, while a file's stripes go out): with
+    /// 64 MiB, most stripe buffers were fresh mappings, and the kernel zeroing their pages
+    /// took 29 % of the daemon's CPU in eight concurrent 64 MiB S3 PUTs.
+    pub(super) fn kept_bytes_max() -> usize {
+        static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *MAX.get_or_init(|| {
+            // SAFETY: sysconf has no preconditions.
+            let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+            let total = (pages.max(0) as usize).saturating_mul(page.max(0) as usize);
+            (total / 64).clamp(64 << 20, 1 << 30)
+        })
+    }
 
     struct Kept {
         /// (capacity, address) of each kept buffer, longest kept first.
@@ -246,16 +295,17 @@ mod big {
     }
 
     /// Keeps a buffer from [`take`], unmapping the longest-kept ones as needed to stay within
-    /// [`KEPT_BYTES_MAX`]: what is kept follows the sizes reads use now, so buffers of a size
+    /// [`kept_bytes_max`]: what is kept follows the sizes reads use now, so buffers of a size
     /// no longer asked for do not crowd out the ones that are.
     pub(super) fn give(ptr: NonNull<u8>, capacity: usize) {
         let mut unmap = Vec::new();
-        if capacity > KEPT_BYTES_MAX {
+        let max = kept_bytes_max();
+        if capacity > max {
             unmap.push((capacity, ptr));
         } else {
             let mut k = KEPT.lock();
             let mut evicted = 0;
-            while k.bytes + capacity > KEPT_BYTES_MAX {
+            while k.bytes + capacity > max {
                 let old = k.bufs[evicted];
                 k.bytes -= old.0;
                 unmap.push(old);
@@ -320,6 +370,7 @@ impl Deref for AlignedBuf {
 impl DerefMut for AlignedBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         assert!(self.filled, "bytes of an unfilled read buffer");
+        assert!(self.owner.is_none(), "a view of a shared buffer is read-only");
         // SAFETY: as for Deref, with exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
@@ -342,6 +393,119 @@ impl Eq for AlignedBuf {}
 impl fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AlignedBuf").field("len", &self.len).finish_non_exhaustive()
+    }
+}
+
+/// An aligned buffer filled from the front: bytes collected before they are written to
+/// drives (a file's write-buffer segment, an upload's chunk). [`freeze`](Self::freeze) turns
+/// it into an [`AlignedBuf`] without copying, from which a stripe's data shards are written
+/// as [views](AlignedBuf::view).
+///
+/// Its room is fixed when it is made; buffers of 2 MiB and more are huge-page mappings kept
+/// for reuse like large read buffers (only the bytes filled are ever readable, so a reused
+/// mapping's old bytes are never seen).
+pub struct FillBuf {
+    /// The allocation, `len` = its room; its bytes are hidden (`filled` false) and reached
+    /// through the pointer, of which [0, `filled`) are initialised.
+    buf: AlignedBuf,
+    filled: usize,
+}
+
+impl FillBuf {
+    /// An empty buffer with room for `room` bytes (rounded up to whole blocks).
+    pub fn with_room(room: usize) -> Self {
+        Self { buf: AlignedBuf::for_read(round_up_to_block(room)), filled: 0 }
+    }
+
+    /// A buffer holding `len` zero bytes, with room for `room` (at least `len`).
+    pub fn zeroed(len: usize, room: usize) -> Self {
+        let mut b = Self::with_room(room.max(len));
+        // SAFETY: `len` ≤ the room, checked by the allocation above.
+        unsafe { std::ptr::write_bytes(b.buf.ptr.as_ptr(), 0, len) };
+        b.filled = len;
+        b
+    }
+
+    pub fn len(&self) -> usize {
+        self.filled
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.filled == 0
+    }
+
+    /// Bytes it can hold in all.
+    pub fn room(&self) -> usize {
+        self.buf.len
+    }
+
+    /// Appends `data`, which must fit in the room left.
+    pub fn extend_from_slice(&mut self, data: &[u8]) {
+        assert!(data.len() <= self.room() - self.filled, "more bytes than the buffer has room for");
+        // SAFETY: [filled, filled + data.len()) lies inside the allocation, checked above;
+        // `data` cannot overlap it (we hold the buffer mutably).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.buf.ptr.as_ptr().add(self.filled), data.len()) };
+        self.filled += data.len();
+    }
+
+    /// Makes room for `room` bytes in all, moving the bytes to a new buffer if needed.
+    pub fn grow_to(&mut self, room: usize) {
+        if room <= self.room() {
+            return;
+        }
+        let mut bigger = Self::with_room(room);
+        bigger.extend_from_slice(self);
+        *self = bigger;
+    }
+
+    /// Shortens it to `len` bytes (no effect if not shorter).
+    pub fn truncate(&mut self, len: usize) {
+        self.filled = self.filled.min(len);
+    }
+
+    /// The bytes from `at` on, moved to a new buffer with room for `room`; this one keeps
+    /// the first `at`.
+    pub fn split_off(&mut self, at: usize, room: usize) -> FillBuf {
+        assert!(at <= self.filled, "split past the end");
+        let mut tail = Self::with_room(room.max(self.filled - at));
+        tail.extend_from_slice(&self[at..]);
+        self.filled = at;
+        tail
+    }
+
+    /// The bytes as an [`AlignedBuf`] of their length, zero-padded to the next block.
+    pub fn freeze(self) -> AlignedBuf {
+        let FillBuf { mut buf, filled } = self;
+        let padded = round_up_to_block(filled);
+        // SAFETY: [filled, padded) lies inside the allocation (its room is whole blocks).
+        unsafe { std::ptr::write_bytes(buf.ptr.as_ptr().add(filled), 0, padded - filled) };
+        buf.len = filled;
+        // SAFETY: [0, filled) was written by the methods above and [filled, padded) just now:
+        // every byte a frozen buffer shows (its padded length) is initialised. The bytes past
+        // `padded` in a larger allocation are never shown.
+        unsafe { buf.assume_filled() };
+        buf
+    }
+}
+
+impl Deref for FillBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the first `filled` bytes are initialised.
+        unsafe { std::slice::from_raw_parts(self.buf.ptr.as_ptr(), self.filled) }
+    }
+}
+
+impl DerefMut for FillBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for Deref, with exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.ptr.as_ptr(), self.filled) }
+    }
+}
+
+impl fmt::Debug for FillBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FillBuf").field("len", &self.filled).field("room", &self.room()).finish()
     }
 }
 
@@ -408,11 +572,11 @@ mod tests {
             assert!(hidden.is_err(), "a kept buffer's old bytes are not readable before a read fills it");
         }
         // More freed than is kept: the pool stays within its bound, keeping the latest.
-        let n = big::KEPT_BYTES_MAX / (8 << 20) + 3;
+        let n = big::kept_bytes_max() / (8 << 20) + 3;
         let bufs: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::for_read(8 << 20)).collect();
         let last = bufs.last().unwrap().ptr.as_ptr() as usize;
         drop(bufs);
-        assert!(big::kept_bytes() <= big::KEPT_BYTES_MAX);
+        assert!(big::kept_bytes() <= big::kept_bytes_max());
         let mut again = AlignedBuf::for_read(8 << 20);
         assert_eq!(again.read_ptr(0) as usize, last, "the last freed is kept");
     }
@@ -440,6 +604,88 @@ mod tests {
         buf.truncate(0);
         assert!(buf.is_empty());
         assert_eq!(buf.padded_len(), 0);
+    }
+
+    #[test]
+    fn fill_buffers_append_split_grow_and_freeze_padded() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 + 1).collect();
+        let mut f = FillBuf::with_room(3000);
+        assert_eq!(f.room(), 4096);
+        f.extend_from_slice(&data[..3000]);
+        f.grow_to(20_000);
+        assert!(f.room() >= 20_000);
+        f.extend_from_slice(&data[3000..]);
+        assert_eq!(&f[..], &data[..]);
+        f[0] = 0xEE;
+        let tail = f.split_off(8192, 4 << 20);
+        assert_eq!(&tail[..], &data[8192..]);
+        assert_eq!(tail.room(), 4 << 20);
+        assert_eq!(f.len(), 8192);
+        let frozen = f.freeze();
+        assert_eq!(frozen.len(), 8192);
+        assert_eq!(frozen[0], 0xEE);
+        assert_eq!(&frozen[1..], &data[1..8192]);
+        let t = tail.freeze();
+        assert_eq!(t.len(), 10_000 - 8192);
+        assert_eq!(t.padded_len(), 4096);
+        assert!(t.padding_is_zero());
+        assert_eq!(&FillBuf::zeroed(5, 10).freeze()[..], &[0u8; 5]);
+    }
+
+    /// A huge-page fill buffer reused after a read buffer of the same size shows none of its
+    /// old bytes, and its padding is zero when frozen.
+    #[test]
+    fn reused_fill_buffers_show_only_what_was_filled() {
+        // A size no other test uses, so that tests running at once do not take each other's.
+        let mut r = AlignedBuf::for_read(10 << 20);
+        for i in (0..10 << 20).step_by(BLOCK_BYTES) {
+            // SAFETY: inside the allocation.
+            unsafe { std::ptr::write_bytes(r.read_ptr(i), 0xAA, BLOCK_BYTES) };
+        }
+        // SAFETY: every byte was written above.
+        unsafe { r.assume_filled() };
+        let at = r.read_ptr(0) as usize;
+        drop(r);
+        let mut f = FillBuf::with_room(10 << 20);
+        assert_eq!(f.buf.ptr.as_ptr() as usize, at, "the freed read buffer is reused");
+        assert!(f.is_empty());
+        f.extend_from_slice(&[7; 100]);
+        let b = f.freeze();
+        assert_eq!(&b[..], &[7; 100]);
+        assert!(b.padding_is_zero());
+    }
+
+    #[test]
+    fn views_share_whole_blocks_and_keep_their_owner() {
+        let data: Vec<u8> = (0..4 * BLOCK_BYTES as u32).map(|i| (i % 253) as u8).collect();
+        let owner = std::sync::Arc::new(AlignedBuf::from_slice(&data));
+        let v = AlignedBuf::view(&owner, BLOCK_BYTES, 2 * BLOCK_BYTES);
+        assert!(v.is_view() && !owner.is_view());
+        assert_eq!(&v[..], &data[BLOCK_BYTES..3 * BLOCK_BYTES]);
+        assert_eq!(v.padded_len(), v.len());
+        let at = v.as_ptr() as usize;
+        drop(owner);
+        // The view keeps the bytes alive.
+        assert_eq!(v.as_ptr() as usize, at);
+        assert_eq!(&v[..BLOCK_BYTES], &data[BLOCK_BYTES..2 * BLOCK_BYTES]);
+        let copy = v.clone();
+        assert!(!copy.is_view());
+        assert_eq!(copy, v);
+    }
+
+    #[test]
+    #[should_panic(expected = "read-only")]
+    fn views_are_read_only() {
+        let owner = std::sync::Arc::new(AlignedBuf::zeroed(BLOCK_BYTES));
+        let mut v = AlignedBuf::view(&owner, 0, BLOCK_BYTES);
+        v[0] = 1;
+    }
+
+    #[test]
+    #[should_panic(expected = "whole blocks")]
+    fn views_are_whole_blocks() {
+        let owner = std::sync::Arc::new(AlignedBuf::zeroed(2 * BLOCK_BYTES));
+        let _ = AlignedBuf::view(&owner, 1, BLOCK_BYTES);
     }
 
     #[test]

@@ -500,27 +500,43 @@ impl DataStore {
         Ok(out)
     }
 
-    /// Erasure-codes `data` into a new stripe (refs = 0; the caller commits it with the extents
-    /// that use it) and submits its shard writes without waiting for them, so that several
-    /// stripes can be in flight at once; `finish_stripe` waits.
-    pub fn start_stripe(&self, pool_id: u16, data: &[u8]) -> Result<PendingStripe> {
+    /// Erasure-codes the bytes `range` of `src` into a new stripe (refs = 0; the caller
+    /// commits it with the extents that use it) and submits its shard writes without waiting
+    /// for them, so that several stripes can be in flight at once; `finish_stripe` waits.
+    /// Every full data shard that starts on a block boundary of `src` is written from `src`
+    /// itself (a view), not copied first; `src` is only read.
+    pub fn start_stripe(&self, pool_id: u16, src: &Arc<AlignedBuf>, range: std::ops::Range<usize>) -> Result<PendingStripe> {
+        let data = &src[range.clone()];
+        let base = range.start;
         let pool = &self.pools[pool_id as usize];
         assert!(!data.is_empty() && data.len() as u64 <= pool.stripe_data_max());
         let shard_bytes = round_up_block(data.len().div_ceil(pool.k) as u64) as usize;
         let n = pool.k + pool.m;
-        // Data shards are copies of the data (zero-padded at the end of the stripe); parity
-        // shards start zeroed and are filled by the encoder.
-        let mut shards: Vec<AlignedBuf> = (0..n)
+        // Data shards are views of the source where whole and block-aligned, else copies of
+        // the data (zero-padded at the end of the stripe).
+        let data_shards: Vec<AlignedBuf> = (0..pool.k)
             .map(|i| {
                 let from = (i * shard_bytes).min(data.len());
                 let to = ((i + 1) * shard_bytes).min(data.len());
-                if i < pool.k { AlignedBuf::from_slice_padded(&data[from..to], shard_bytes) } else { AlignedBuf::zeroed(shard_bytes) }
+                if to - from == shard_bytes && (base + from).is_multiple_of(BLOCK_BYTES) {
+                    AlignedBuf::view(src, base + from, shard_bytes)
+                } else {
+                    AlignedBuf::from_slice_padded(&data[from..to], shard_bytes)
+                }
             })
             .collect();
+        // Parity shards: one buffer for all of them (a reused huge-page mapping for MiB-sized
+        // shards), zeroed, filled by the encoder, then written as views.
+        let mut parity = hardware::FillBuf::zeroed(pool.m * shard_bytes, pool.m * shard_bytes);
         {
-            let mut refs: Vec<&mut [u8]> = shards.iter_mut().map(|s| &mut s[..]).collect();
-            pool.codec.encode(&mut refs).map_err(|e| Error::Io(format!("erasure encode: {e}")))?;
+            let data_refs: Vec<&[u8]> = data_shards.iter().map(|s| &s[..]).collect();
+            let mut parity_refs: Vec<&mut [u8]> = parity.chunks_mut(shard_bytes).collect();
+            pool.codec.encode_sep(&data_refs, &mut parity_refs).map_err(|e| Error::Io(format!("erasure encode: {e}")))?;
         }
+        let parity = Arc::new(parity.freeze());
+        let shards: Vec<AlignedBuf> =
+            data_shards.into_iter().chain((0..pool.m).map(|j| AlignedBuf::view(&parity, j * shard_bytes, shard_bytes))).collect();
+        debug_assert_eq!(shards.len(), n);
         let blocks = (shard_bytes as u32).div_ceil(CHECKSUM_BLOCK_BYTES) as usize;
         let mut crcs = Vec::with_capacity(n * blocks);
         for s in &shards {

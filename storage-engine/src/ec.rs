@@ -124,8 +124,19 @@ impl Codec {
     /// `shards.len() == k+m`; the first k hold data; fills the m parity shards.
     pub fn encode(&self, shards: &mut [&mut [u8]]) -> Result<(), EcError> {
         self.check_count(shards.len())?;
-        let length = Self::common_length(shards.iter().map(|s| s.len()).enumerate())?;
         let (data, parity) = shards.split_at_mut(self.data_shards());
+        let data: Vec<&[u8]> = data.iter().map(|s| &s[..]).collect();
+        self.encode_sep(&data, parity)
+    }
+
+    /// Fills the m `parity` shards from the k `data` shards, which it only reads (they may be
+    /// shared, e.g. views of the buffer a stripe's data was collected in).
+    pub fn encode_sep(&self, data: &[&[u8]], parity: &mut [&mut [u8]]) -> Result<(), EcError> {
+        self.check_count(data.len() + parity.len())?;
+        if data.len() != self.data_shards() {
+            return Err(EcError::Geometry(format!("{}+{} stripe given {} data shards", self.data_shards(), self.parity_shards(), data.len())));
+        }
+        let length = Self::common_length(data.iter().map(|s| s.len()).chain(parity.iter().map(|s| s.len())).enumerate())?;
         let mut data_chunks: Vec<_> = data.iter().map(|s| s.chunks(CHUNK_BYTES)).collect();
         let mut parity_chunks: Vec<_> = parity
             .iter_mut()

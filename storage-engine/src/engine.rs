@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use hardware::{BlockDevice, DriveOpenOptions};
+use hardware::{AlignedBuf, BlockDevice, DriveOpenOptions};
 use parking_lot::Mutex;
 use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch, WriteOptions};
 
@@ -2202,7 +2202,7 @@ impl Engine {
 
     /// Whole stripes from the front of each long segment; with none (many small scattered
     /// writes), everything.
-    fn take_for_flush(&self, ino: Ino, b: &mut WriteBuffer) -> Vec<(u64, Vec<u8>)> {
+    fn take_for_flush(&self, ino: Ino, b: &mut WriteBuffer) -> Vec<(u64, AlignedBuf)> {
         let segs = b.take_full(self.stripe_bytes(ino));
         if segs.is_empty() { b.take_all() } else { segs }
     }
@@ -2210,7 +2210,7 @@ impl Engine {
     /// Writes and commits segments just taken from `fb`'s buffer (locked as `b`), unlocking the
     /// buffer meanwhile: writers go on adding to it and readers see the taken bytes as in
     /// flight. The caller holds the file's flush lock.
-    fn write_taken(&self, ino: Ino, fb: &FileBuf, b: &mut parking_lot::MutexGuard<'_, WriteBuffer>, segs: Vec<(u64, Vec<u8>)>, durable: bool) -> Result<()> {
+    fn write_taken(&self, ino: Ino, fb: &FileBuf, b: &mut parking_lot::MutexGuard<'_, WriteBuffer>, segs: Vec<(u64, AlignedBuf)>, durable: bool) -> Result<()> {
         let size = b.size;
         let segs: Vec<Segment> = segs.into_iter().map(|(o, d)| (o, Arc::new(d))).collect();
         b.set_in_flight(&segs);
@@ -2330,7 +2330,8 @@ impl Engine {
         // Up to STRIPES_IN_FLIGHT_MAX stripes have their shard writes outstanding at once, so
         // encoding the next stripe overlaps the drives writing the previous ones.
         'outer: for (off, d) in segs {
-            for (i, chunk) in d.chunks(stripe_max).enumerate() {
+            for (i, start) in (0..d.len()).step_by(stripe_max).enumerate() {
+                let chunk = start..(start + stripe_max).min(d.len());
                 if in_flight.len() >= STRIPES_IN_FLIGHT_MAX {
                     let (o, ps) = in_flight.pop_front().expect("non-empty");
                     match self.data.finish_stripe(ps) {
@@ -2341,7 +2342,7 @@ impl Engine {
                         }
                     }
                 }
-                match self.data.start_stripe(pool, chunk) {
+                match self.data.start_stripe(pool, d, chunk) {
                     Ok(ps) => in_flight.push_back((off + (i * stripe_max) as u64, ps)),
                     Err(e) => {
                         failure = Some(e);

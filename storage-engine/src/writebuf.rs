@@ -10,8 +10,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// A taken segment: shared between the flush writing it and readers overlaying it.
-pub(crate) type Segment = (u64, Arc<Vec<u8>>);
+use hardware::{AlignedBuf, FillBuf};
+
+/// A taken segment: shared between the flush writing it (whose drive writes send its data
+/// shards as views of it, without copying) and readers overlaying it.
+pub(crate) type Segment = (u64, Arc<AlignedBuf>);
 
 /// A file's write buffer with the locks of its flushes.
 pub(crate) struct FileBuf {
@@ -40,13 +43,14 @@ impl FileBuf {
 
 pub(crate) struct WriteBuffer {
     /// Non-overlapping segments: offset → bytes. Adjacent only where a sequential writer filled
-    /// one to `chunk` bytes and went on in the next.
-    segs: BTreeMap<u64, Vec<u8>>,
+    /// one to `chunk` bytes and went on in the next. Aligned buffers, so that a full stripe
+    /// taken from one is written to the drives from where it lies.
+    segs: BTreeMap<u64, FillBuf>,
     bytes: usize,
     /// Most bytes a sequential writer's segment grows to before the next one starts (0: no
-    /// limit). The stripe size: a full segment is one stripe, written without splitting, and
-    /// its allocation stays below the allocator's mmap threshold, so it is reused instead of
-    /// being mapped, faulted in and unmapped for every stripe.
+    /// limit). The stripe size: a full segment is one stripe, written without splitting or
+    /// copying; stripe-sized buffers are huge-page mappings kept for reuse (`FillBuf`), so
+    /// they are not mapped, faulted in and unmapped for every stripe.
     chunk: usize,
     /// Segments a running flush took and has not committed yet; older than every `segs` byte.
     in_flight: Vec<Segment>,
@@ -122,14 +126,16 @@ impl WriteBuffer {
                 let chunk = if self.chunk == 0 { usize::MAX } else { self.chunk };
                 let seg = self.segs.get_mut(&o).expect("segment exists");
                 let n = chunk.saturating_sub(seg.len()).min(data.len());
-                if n > 0 && seg.capacity() - seg.len() < n && chunk != usize::MAX {
-                    // Grow once, to the chunk, instead of doubling through several copies.
-                    seg.reserve_exact(chunk - seg.len());
+                if n > 0 && seg.room() - seg.len() < n {
+                    // Grow once, to the chunk, instead of doubling through several copies
+                    // (without a chunk, to twice what is needed).
+                    let want = if chunk == usize::MAX { (seg.len() + n).saturating_mul(2) } else { chunk };
+                    seg.grow_to(want);
                 }
                 seg.extend_from_slice(&data[..n]);
                 let mut at = off + n as u64;
                 for piece in data[n..].chunks(chunk) {
-                    let mut d = Vec::with_capacity(chunk);
+                    let mut d = FillBuf::with_room(chunk);
                     d.extend_from_slice(piece);
                     self.segs.insert(at, d);
                     at += piece.len() as u64;
@@ -149,7 +155,7 @@ impl WriteBuffer {
             .take_while(|(o, d)| **o + d.len() as u64 >= off)
             .map(|(o, _)| *o)
             .collect();
-        let mut merged: Vec<(u64, Vec<u8>)> = Vec::with_capacity(touching.len());
+        let mut merged: Vec<(u64, FillBuf)> = Vec::with_capacity(touching.len());
         for o in touching {
             let d = self.segs.remove(&o).expect("segment exists");
             self.bytes -= d.len();
@@ -157,7 +163,7 @@ impl WriteBuffer {
             stop = stop.max(o + d.len() as u64);
             merged.push((o, d));
         }
-        let mut buf = vec![0u8; (stop - start) as usize];
+        let mut buf = FillBuf::zeroed((stop - start) as usize, (stop - start) as usize);
         for (o, d) in merged {
             buf[(o - start) as usize..(o - start) as usize + d.len()].copy_from_slice(&d);
         }
@@ -195,14 +201,14 @@ impl WriteBuffer {
     }
 
     /// Removes and returns every segment.
-    pub fn take_all(&mut self) -> Vec<(u64, Vec<u8>)> {
+    pub fn take_all(&mut self) -> Vec<(u64, AlignedBuf)> {
         self.bytes = 0;
-        std::mem::take(&mut self.segs).into_iter().collect()
+        std::mem::take(&mut self.segs).into_iter().map(|(o, d)| (o, d.freeze())).collect()
     }
 
     /// Removes whole multiples of `stripe` bytes from the front of each segment at least that
     /// long; tails stay buffered so sequential writers produce full stripes.
-    pub fn take_full(&mut self, stripe: usize) -> Vec<(u64, Vec<u8>)> {
+    pub fn take_full(&mut self, stripe: usize) -> Vec<(u64, AlignedBuf)> {
         let long: Vec<u64> = self.segs.iter().filter(|(_, d)| d.len() >= stripe).map(|(o, _)| *o).collect();
         let mut out = Vec::new();
         for o in long {
@@ -210,11 +216,12 @@ impl WriteBuffer {
             let keep = d.len() % stripe;
             let full = d.len() - keep;
             if keep > 0 {
-                let tail = d.split_off(full);
+                let room = if self.chunk == 0 { keep } else { self.chunk.max(keep) };
+                let tail = d.split_off(full, room);
                 self.segs.insert(o + full as u64, tail);
             }
             self.bytes -= full;
-            out.push((o, d));
+            out.push((o, d.freeze()));
         }
         out
     }
@@ -223,6 +230,10 @@ impl WriteBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn plain(segs: Vec<(u64, AlignedBuf)>) -> Vec<(u64, Vec<u8>)> {
+        segs.into_iter().map(|(o, d)| (o, d.to_vec())).collect()
+    }
 
     #[test]
     fn merge_overlay_and_take() {
@@ -236,7 +247,7 @@ mod tests {
         let mut out = vec![b'.'; 16];
         b.overlay(0, &mut out);
         assert_eq!(&out, b"zz........aXYde.");
-        let all = b.take_all();
+        let all = plain(b.take_all());
         assert_eq!(all, vec![(0, b"zz".to_vec()), (10, b"aXYde".to_vec())]);
         assert!(b.is_empty());
     }
@@ -272,13 +283,13 @@ mod tests {
         b.overlay(0, &mut out);
         assert_eq!(&out, b"abcdefghijklmnopqrstu.");
         let full = b.take_full(8);
-        assert_eq!(full, vec![(0, b"abcdefgh".to_vec()), (8, b"ijklmnop".to_vec())]);
-        assert_eq!(b.take_all(), vec![(16, b"qrstu".to_vec())]);
+        assert_eq!(plain(full), vec![(0, b"abcdefgh".to_vec()), (8, b"ijklmnop".to_vec())]);
+        assert_eq!(plain(b.take_all()), vec![(16, b"qrstu".to_vec())]);
         // A write across two adjacent chunks merges them.
         let mut b = WriteBuffer::with_chunk(0, 4);
         b.insert(0, b"01234567", 1);
         b.insert(2, b"xxxx", 2);
-        assert_eq!(b.take_all(), vec![(0, b"01xxxx67".to_vec())]);
+        assert_eq!(plain(b.take_all()), vec![(0, b"01xxxx67".to_vec())]);
     }
 
     #[test]
@@ -289,7 +300,7 @@ mod tests {
         assert_eq!(full.len(), 1);
         assert_eq!(full[0].1.len(), 8);
         assert_eq!(b.bytes(), 2);
-        let rest = b.take_all();
+        let rest = plain(b.take_all());
         assert_eq!(rest, vec![(8, vec![1u8; 2])]);
     }
 }
