@@ -382,6 +382,12 @@ impl Clone for AlignedBuf {
     }
 }
 
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
 impl PartialEq for AlignedBuf {
     fn eq(&self, other: &Self) -> bool {
         **self == **other

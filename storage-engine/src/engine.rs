@@ -2055,12 +2055,27 @@ impl Engine {
         }
         let rec = self.load_for_write(caller, ino, offset, data.len())?;
         if !data.is_empty() {
-            self.buffer_write(ino, &rec, offset, data, true)?;
+            self.buffer_write(ino, &rec, offset, WriteData::Bytes(data), true)?;
         }
         if stability == Stability::Durable {
             self.commit(caller, ino)?;
         }
         self.getattr(caller, ino)
+    }
+
+    /// An unstable [`write`](Self::write) of a whole buffer the caller hands over (an upload's
+    /// chunk): it joins the file's write buffer as it is, without a copy, where it overlaps
+    /// nothing buffered, and its full stripes are written to the drives from it. The caller
+    /// must not change the buffer afterwards (it is shared and read-only).
+    pub fn write_shared(&self, caller: &Caller, ino: Ino, offset: u64, data: Arc<AlignedBuf>) -> Result<()> {
+        if self.remote_mutation(&[ino], Mutation::Write { caller, ino, offset, data: &data, stability: Stability::Unstable })?.is_some() {
+            return Ok(());
+        }
+        let rec = self.load_for_write(caller, ino, offset, data.len())?;
+        if !data.is_empty() {
+            self.buffer_write(ino, &rec, offset, WriteData::Shared(data), true)?;
+        }
+        Ok(())
     }
 
     /// An unstable write that only adds to the file's write buffer, for callers on an event
@@ -2075,7 +2090,7 @@ impl Engine {
         if data.is_empty() {
             return Ok(true);
         }
-        self.buffer_write(ino, &rec, offset, data, false)
+        self.buffer_write(ino, &rec, offset, WriteData::Bytes(data), false)
     }
 
     /// The file `write` may write `len` bytes at `offset` to.
@@ -2096,7 +2111,12 @@ impl Engine {
 
     /// Adds `data` to the file's write buffer and has full stripes written out. With
     /// `may_wait` false it returns `Ok(false)` instead of waiting, before adding anything.
-    fn buffer_write(&self, ino: Ino, rec: &InodeRec, offset: u64, data: &[u8], may_wait: bool) -> Result<bool> {
+    fn buffer_write(&self, ino: Ino, rec: &InodeRec, offset: u64, data: WriteData<'_>, may_wait: bool) -> Result<bool> {
+        let len = match &data {
+            WriteData::Bytes(d) => d.len(),
+            WriteData::Shared(d) => d.len(),
+        };
+        let mut data = Some(data);
         let max = self.cfg.write_buffer_bytes_max;
         let flush_here = loop {
             let fb = {
@@ -2118,7 +2138,7 @@ impl Engine {
                 // Kept for the next flush (commit, close), which must report it too.
                 return Err(Error::Io(format!("an earlier write-out of this file failed: {msg}")));
             }
-            let after = b.bytes() + data.len();
+            let after = b.bytes() + len;
             // Without waiting: no flush by this writer (no flush threads), and never as much as
             // the writers' limit below, whether or not a flush is pending yet.
             if !may_wait && after >= max && (self.cfg.write_flush_threads == 0 || after >= 2 * max) {
@@ -2129,7 +2149,10 @@ impl Engine {
                 // may have happened since the buffer, or `rec`, was made).
                 b.size = self.load(ino)?.size;
             }
-            b.insert(offset, data, self.now());
+            match data.take().expect("the write is added once") {
+                WriteData::Bytes(d) => b.insert(offset, d, self.now()),
+                WriteData::Shared(d) => b.insert_shared(offset, d, self.now()),
+            }
             if b.bytes() < max {
                 break false;
             }
@@ -2202,7 +2225,7 @@ impl Engine {
 
     /// Whole stripes from the front of each long segment; with none (many small scattered
     /// writes), everything.
-    fn take_for_flush(&self, ino: Ino, b: &mut WriteBuffer) -> Vec<(u64, AlignedBuf)> {
+    fn take_for_flush(&self, ino: Ino, b: &mut WriteBuffer) -> Vec<Segment> {
         let segs = b.take_full(self.stripe_bytes(ino));
         if segs.is_empty() { b.take_all() } else { segs }
     }
@@ -2210,9 +2233,8 @@ impl Engine {
     /// Writes and commits segments just taken from `fb`'s buffer (locked as `b`), unlocking the
     /// buffer meanwhile: writers go on adding to it and readers see the taken bytes as in
     /// flight. The caller holds the file's flush lock.
-    fn write_taken(&self, ino: Ino, fb: &FileBuf, b: &mut parking_lot::MutexGuard<'_, WriteBuffer>, segs: Vec<(u64, AlignedBuf)>, durable: bool) -> Result<()> {
+    fn write_taken(&self, ino: Ino, fb: &FileBuf, b: &mut parking_lot::MutexGuard<'_, WriteBuffer>, segs: Vec<Segment>, durable: bool) -> Result<()> {
         let size = b.size;
-        let segs: Vec<Segment> = segs.into_iter().map(|(o, d)| (o, Arc::new(d))).collect();
         b.set_in_flight(&segs);
         fb.room.notify_all();
         let res = parking_lot::MutexGuard::unlocked(b, || self.write_segments(ino, &segs, size, durable, &fb.commit));
@@ -2318,7 +2340,7 @@ impl Engine {
                 for (o, d) in segs {
                     wb.insert(*o, d, 0);
                 }
-                merged = wb.take_all().into_iter().map(|(o, d)| (o, Arc::new(d))).collect();
+                merged = wb.take_all();
                 segs = &merged;
             }
         }
@@ -2668,6 +2690,12 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.jobs.stop_all();
     }
+}
+
+/// The bytes of a write: borrowed (copied into the write buffer) or a buffer handed over.
+enum WriteData<'a> {
+    Bytes(&'a [u8]),
+    Shared(Arc<AlignedBuf>),
 }
 
 fn encode_drive(path: &Path, uuid: &[u8; 16], epoch: u32, pool: u16, capacity: u64) -> Vec<u8> {

@@ -41,11 +41,39 @@ impl FileBuf {
     }
 }
 
+/// A buffered segment's bytes: filled by writes, or a whole buffer a writer handed over
+/// (`insert_shared`), kept as it is.
+enum Seg {
+    Filling(FillBuf),
+    Shared(Arc<AlignedBuf>),
+}
+
+impl Seg {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Seg::Filling(f) => f,
+            Seg::Shared(b) => b,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    fn into_segment(self) -> Arc<AlignedBuf> {
+        match self {
+            Seg::Filling(f) => Arc::new(f.freeze()),
+            Seg::Shared(b) => b,
+        }
+    }
+}
+
 pub(crate) struct WriteBuffer {
-    /// Non-overlapping segments: offset → bytes. Adjacent only where a sequential writer filled
-    /// one to `chunk` bytes and went on in the next. Aligned buffers, so that a full stripe
-    /// taken from one is written to the drives from where it lies.
-    segs: BTreeMap<u64, FillBuf>,
+    /// Non-overlapping segments: offset → bytes. Adjacent where a sequential writer filled
+    /// one to `chunk` bytes and went on in the next, or handed over whole buffers. Aligned
+    /// buffers, so that a full stripe taken from one is written to the drives from where it
+    /// lies.
+    segs: BTreeMap<u64, Seg>,
     bytes: usize,
     /// Most bytes a sequential writer's segment grows to before the next one starts (0: no
     /// limit). The stripe size: a full segment is one stripe, written without splitting or
@@ -120,11 +148,11 @@ impl WriteBuffer {
         let end = off + data.len() as u64;
         // Fast path for sequential writers: append to the segment ending exactly here, and
         // past `chunk` bytes start the next one.
-        let prev = self.segs.range(..off).next_back().map(|(o, d)| (*o, *o + d.len() as u64));
-        if let Some((o, prev_end)) = prev {
-            if prev_end == off && !self.segs_after_touch(off, end) {
+        let prev = self.segs.range(..off).next_back().map(|(o, d)| (*o, *o + d.len() as u64, matches!(d, Seg::Filling(_))));
+        if let Some((o, prev_end, filling)) = prev {
+            if prev_end == off && filling && !self.segs_after_touch(off, end) {
                 let chunk = if self.chunk == 0 { usize::MAX } else { self.chunk };
-                let seg = self.segs.get_mut(&o).expect("segment exists");
+                let Some(Seg::Filling(seg)) = self.segs.get_mut(&o) else { unreachable!("a filling segment was found above") };
                 let n = chunk.saturating_sub(seg.len()).min(data.len());
                 if n > 0 && seg.room() - seg.len() < n {
                     // Grow once, to the chunk, instead of doubling through several copies
@@ -137,7 +165,7 @@ impl WriteBuffer {
                 for piece in data[n..].chunks(chunk) {
                     let mut d = FillBuf::with_room(chunk);
                     d.extend_from_slice(piece);
-                    self.segs.insert(at, d);
+                    self.segs.insert(at, Seg::Filling(d));
                     at += piece.len() as u64;
                 }
                 self.bytes += data.len();
@@ -148,14 +176,17 @@ impl WriteBuffer {
         }
         let mut start = off;
         let mut stop = end;
+        // A handed-over buffer is merged only where the write overlaps it: one that merely
+        // touches it stays as it is (no copy) beside the new segment.
         let touching: Vec<u64> = self
             .segs
             .range(..=end)
             .rev()
             .take_while(|(o, d)| **o + d.len() as u64 >= off)
+            .filter(|(o, d)| matches!(d, Seg::Filling(_)) || (**o + d.len() as u64 > off && **o < end))
             .map(|(o, _)| *o)
             .collect();
-        let mut merged: Vec<(u64, FillBuf)> = Vec::with_capacity(touching.len());
+        let mut merged: Vec<(u64, Seg)> = Vec::with_capacity(touching.len());
         for o in touching {
             let d = self.segs.remove(&o).expect("segment exists");
             self.bytes -= d.len();
@@ -165,11 +196,29 @@ impl WriteBuffer {
         }
         let mut buf = FillBuf::zeroed((stop - start) as usize, (stop - start) as usize);
         for (o, d) in merged {
-            buf[(o - start) as usize..(o - start) as usize + d.len()].copy_from_slice(&d);
+            buf[(o - start) as usize..(o - start) as usize + d.len()].copy_from_slice(d.bytes());
         }
         buf[(off - start) as usize..(end - start) as usize].copy_from_slice(data);
         self.bytes += buf.len();
-        self.segs.insert(start, buf);
+        self.segs.insert(start, Seg::Filling(buf));
+        self.size = self.size.max(end);
+        self.mtime_ns = self.mtime_ns.max(now);
+    }
+
+    /// Adds a write of a whole buffer handed over by the writer, kept as it is (no copy)
+    /// when it overlaps nothing buffered; otherwise its bytes are merged as by `insert`.
+    pub fn insert_shared(&mut self, off: u64, data: Arc<AlignedBuf>, now: i64) {
+        if data.is_empty() {
+            return;
+        }
+        let end = off + data.len() as u64;
+        let before = self.segs.range(..off).next_back().is_some_and(|(o, d)| o + d.len() as u64 > off);
+        if before || self.segs.range(off..end).next().is_some() {
+            self.insert(off, &data, now);
+            return;
+        }
+        self.bytes += data.len();
+        self.segs.insert(off, Seg::Shared(data));
         self.size = self.size.max(end);
         self.mtime_ns = self.mtime_ns.max(now);
     }
@@ -196,32 +245,43 @@ impl WriteBuffer {
             copy(*o, d, out);
         }
         for (o, d) in self.segs.range(..end) {
-            copy(*o, d, out);
+            copy(*o, d.bytes(), out);
         }
     }
 
     /// Removes and returns every segment.
-    pub fn take_all(&mut self) -> Vec<(u64, AlignedBuf)> {
+    pub fn take_all(&mut self) -> Vec<Segment> {
         self.bytes = 0;
-        std::mem::take(&mut self.segs).into_iter().map(|(o, d)| (o, d.freeze())).collect()
+        std::mem::take(&mut self.segs).into_iter().map(|(o, d)| (o, d.into_segment())).collect()
     }
 
     /// Removes whole multiples of `stripe` bytes from the front of each segment at least that
     /// long; tails stay buffered so sequential writers produce full stripes.
-    pub fn take_full(&mut self, stripe: usize) -> Vec<(u64, AlignedBuf)> {
+    pub fn take_full(&mut self, stripe: usize) -> Vec<Segment> {
         let long: Vec<u64> = self.segs.iter().filter(|(_, d)| d.len() >= stripe).map(|(o, _)| *o).collect();
         let mut out = Vec::new();
         for o in long {
-            let mut d = self.segs.remove(&o).expect("segment exists");
+            let d = self.segs.remove(&o).expect("segment exists");
             let keep = d.len() % stripe;
             let full = d.len() - keep;
-            if keep > 0 {
-                let room = if self.chunk == 0 { keep } else { self.chunk.max(keep) };
-                let tail = d.split_off(full, room);
-                self.segs.insert(o + full as u64, tail);
+            if keep == 0 {
+                self.bytes -= full;
+                out.push((o, d.into_segment()));
+                continue;
             }
+            let mut d = match d {
+                Seg::Filling(f) => f,
+                Seg::Shared(b) => {
+                    let mut f = FillBuf::with_room(b.len());
+                    f.extend_from_slice(&b);
+                    f
+                }
+            };
+            let room = if self.chunk == 0 { keep } else { self.chunk.max(keep) };
+            let tail = d.split_off(full, room);
+            self.segs.insert(o + full as u64, Seg::Filling(tail));
             self.bytes -= full;
-            out.push((o, d.freeze()));
+            out.push((o, Arc::new(d.freeze())));
         }
         out
     }
@@ -231,7 +291,7 @@ impl WriteBuffer {
 mod tests {
     use super::*;
 
-    fn plain(segs: Vec<(u64, AlignedBuf)>) -> Vec<(u64, Vec<u8>)> {
+    fn plain(segs: Vec<Segment>) -> Vec<(u64, Vec<u8>)> {
         segs.into_iter().map(|(o, d)| (o, d.to_vec())).collect()
     }
 
@@ -256,7 +316,7 @@ mod tests {
     fn in_flight_bytes_stay_visible_under_newer_writes() {
         let mut b = WriteBuffer::new(0);
         b.insert(0, b"abcdef", 1);
-        let taken: Vec<Segment> = b.take_all().into_iter().map(|(o, d)| (o, Arc::new(d))).collect();
+        let taken: Vec<Segment> = b.take_all();
         b.set_in_flight(&taken);
         assert!(!b.is_empty(), "bytes being flushed still count as buffered");
         assert_eq!(b.bytes(), 0);
@@ -302,5 +362,41 @@ mod tests {
         assert_eq!(b.bytes(), 2);
         let rest = plain(b.take_all());
         assert_eq!(rest, vec![(8, vec![1u8; 2])]);
+    }
+
+    fn shared(bytes: &[u8]) -> Arc<AlignedBuf> {
+        Arc::new(AlignedBuf::from_slice(bytes))
+    }
+
+    /// Whole buffers handed over are kept as they are (taken out as the same buffer) unless
+    /// they overlap buffered bytes, and mix with ordinary writes.
+    #[test]
+    fn shared_buffers_are_kept_without_a_copy() {
+        let mut b = WriteBuffer::with_chunk(0, 8);
+        let first = shared(b"abcdefgh");
+        b.insert_shared(0, first.clone(), 1);
+        b.insert_shared(8, shared(b"ijklmnop"), 1); // adjacent: a segment of its own
+        b.insert(16, b"qr", 1);
+        b.insert_shared(18, shared(b"st"), 1);
+        assert_eq!(b.bytes(), 20);
+        assert_eq!(b.size, 20);
+        let mut out = vec![b'.'; 21];
+        b.overlay(0, &mut out);
+        assert_eq!(&out, b"abcdefghijklmnopqrst.");
+        let full = b.take_full(8);
+        assert!(Arc::ptr_eq(&full[0].1, &first), "a full shared buffer is taken out as it is");
+        assert_eq!(plain(full), vec![(0, b"abcdefgh".to_vec()), (8, b"ijklmnop".to_vec())]);
+        assert_eq!(plain(b.take_all()), vec![(16, b"qr".to_vec()), (18, b"st".to_vec())]);
+        // Overlapping buffered bytes: merged, newest wins.
+        let mut b = WriteBuffer::with_chunk(0, 8);
+        b.insert(2, b"XYZ", 1);
+        b.insert_shared(0, shared(b"0123"), 2);
+        assert_eq!(plain(b.take_all()), vec![(0, b"0123Z".to_vec())]);
+        // A shared buffer longer than a stripe but not a multiple: the tail stays buffered.
+        let mut b = WriteBuffer::with_chunk(0, 4);
+        b.insert_shared(0, shared(b"0123456"), 1);
+        b.insert(7, b"7", 1); // touches it: a segment of its own
+        assert_eq!(plain(b.take_full(4)), vec![(0, b"0123".to_vec())]);
+        assert_eq!(plain(b.take_all()), vec![(4, b"456".to_vec()), (7, b"7".to_vec())]);
     }
 }

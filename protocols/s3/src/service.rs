@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use crate::md5::Md5;
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
-use storage_engine::{Attr, Caller, Engine, Error, FileKind, FoundVersion, Ino, NULL_VERSION, ROOT_INO, Stability, VersionKind, VersionMode};
+use storage_engine::{Attr, Caller, Engine, Error, FileKind, FillBuf, FoundVersion, Ino, NULL_VERSION, ROOT_INO, Stability, VersionKind, VersionMode};
 
 use crate::acl::{self, Acl, GrantHeaders, Perm};
 use crate::auth::{AclWriter, PerKeyPolicy, PolicyGrant, SourceGrant, caller_of, load_acl};
@@ -883,44 +883,6 @@ async fn receive_small(mut body: StreamingBlob, check: &mut ChecksumCheck) -> S3
 /// pool while the next one is received, one piece in flight for each. Returns (bytes, MD5).
 ///
 /// `received` is the start of the body, already read (and given to `check`).
-/// An upload chunk's buffer. Freed buffers of [`PUT_CHUNK_BYTES`] are kept for the next
-/// chunks (at most [`CHUNK_BUFS_KEPT`]): a fresh 4 MiB buffer is a new mapping whose every
-/// page faults in as it is filled, a few per cent of a large PUT's CPU.
-struct ChunkBuf(Vec<u8>);
-
-/// Chunk buffers kept for reuse (4 MiB each).
-const CHUNK_BUFS_KEPT: usize = 16;
-
-static CHUNK_BUFS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
-
-impl ChunkBuf {
-    /// An empty buffer with room for a chunk, kept or new.
-    fn take() -> Vec<u8> {
-        let kept = CHUNK_BUFS.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        kept.unwrap_or_else(|| Vec::with_capacity(PUT_CHUNK_BYTES))
-    }
-}
-
-impl AsRef<[u8]> for ChunkBuf {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl Drop for ChunkBuf {
-    fn drop(&mut self) {
-        let mut v = std::mem::take(&mut self.0);
-        if v.capacity() != PUT_CHUNK_BYTES {
-            return;
-        }
-        v.clear();
-        let mut kept = CHUNK_BUFS.lock().unwrap_or_else(|e| e.into_inner());
-        if kept.len() < CHUNK_BUFS_KEPT {
-            kept.push(v);
-        }
-    }
-}
-
 async fn write_body(engine: &Arc<Engine>, caller: &Caller, ino: Ino, received: Vec<u8>, body: StreamingBlob, check: &mut ChecksumCheck) -> S3Result<(u64, [u8; 16])> {
     use tokio::task::JoinHandle;
     async fn joined<T>(t: JoinHandle<S3Result<T>>) -> S3Result<T> {
@@ -930,36 +892,36 @@ async fn write_body(engine: &Arc<Engine>, caller: &Caller, ino: Ino, received: V
     let mut md5 = Some(crate::md5::StreamMd5::new());
     let mut hashing: Option<JoinHandle<S3Result<crate::md5::StreamMd5>>> = None;
     let mut writing: Option<JoinHandle<S3Result<()>>> = None;
-    let mut buf = received;
-    buf.reserve(PUT_CHUNK_BYTES.saturating_sub(buf.len()));
+    // Chunks of exactly PUT_CHUNK_BYTES (but the last), in aligned buffers (huge pages, kept
+    // for reuse): uploads' chunks of one size share the MD5 lanes (md5.rs), and the engine
+    // keeps each chunk as it is in the file's write buffer and writes its stripes' data
+    // shards from it, so the body is copied once, from the frames into the chunk.
+    let mut buf = FillBuf::with_room(PUT_CHUNK_BYTES);
     let mut offset = 0u64;
-    let mut carry = Bytes::new();
+    let mut rest = Bytes::from(received);
+    let mut done = false;
     loop {
-        let frame = body.next().await;
-        let done = frame.is_none();
-        if let Some(frame) = frame {
-            let bytes = match frame {
-                Ok(b) => b,
-                Err(e) => {
+        if rest.is_empty() && !done {
+            match body.next().await {
+                None => done = true,
+                Some(Ok(b)) => {
+                    check.hasher.update(&b);
+                    rest = b;
+                }
+                Some(Err(e)) => {
                     // The piece in flight lands before the caller aborts the staged file.
                     if let Some(w) = writing.take() {
                         let _ = w.await;
                     }
                     return Err(err(S3ErrorCode::IncompleteBody, format!("read request body: {e}")));
                 }
-            };
-            check.hasher.update(&bytes);
-            // Chunks of exactly PUT_CHUNK_BYTES (but the last), so that uploads' chunks of
-            // one size at block boundaries share the MD5 lanes (md5.rs) and a buffer never
-            // grows past its room: the rest of a frame starts the next chunk.
-            let fit = PUT_CHUNK_BYTES.saturating_sub(buf.len()).min(bytes.len());
-            buf.extend_from_slice(&bytes[..fit]);
-            carry = bytes.slice(fit..);
+            }
         }
-        if buf.len() >= PUT_CHUNK_BYTES || (done && !buf.is_empty()) {
-            let mut next = ChunkBuf::take();
-            next.extend_from_slice(&std::mem::take(&mut carry));
-            let chunk = Arc::new(ChunkBuf(std::mem::replace(&mut buf, next)));
+        let fit = (PUT_CHUNK_BYTES - buf.len()).min(rest.len());
+        buf.extend_from_slice(&rest[..fit]);
+        rest = rest.slice(fit..);
+        if buf.len() == PUT_CHUNK_BYTES || (done && !buf.is_empty()) {
+            let chunk = Arc::new(std::mem::replace(&mut buf, FillBuf::with_room(PUT_CHUNK_BYTES)).freeze());
             let mut h = match hashing.take() {
                 Some(t) => joined(t).await?,
                 None => md5.take().expect("the hasher is here when no piece is being hashed"),
@@ -973,12 +935,10 @@ async fn write_body(engine: &Arc<Engine>, caller: &Caller, ino: Ino, received: V
                 joined(w).await?;
             }
             let (engine, c, at) = (engine.clone(), caller.clone(), offset);
-            offset += chunk.0.len() as u64;
-            writing = Some(tokio::task::spawn_blocking(move || {
-                engine.write(&c, ino, at, &chunk.0[..], Stability::Unstable).map(|_| ()).map_err(|e| map_err(e, Missing::Key))
-            }));
+            offset += chunk.len() as u64;
+            writing = Some(tokio::task::spawn_blocking(move || engine.write_shared(&c, ino, at, chunk).map_err(|e| map_err(e, Missing::Key))));
         }
-        if done {
+        if done && buf.is_empty() {
             break;
         }
     }
