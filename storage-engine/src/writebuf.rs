@@ -68,6 +68,19 @@ impl Seg {
     }
 }
 
+/// The room a segment grows to when `need` bytes no longer fit. A large sequential writer's
+/// segment grows once, straight to the chunk (a stripe-sized huge-page buffer), instead of
+/// through several copies; a small file written in a few pieces grows by four times (from
+/// the heap), so that many small files being written at once do not each hold a
+/// stripe-sized buffer. Without a chunk, twice what is needed.
+fn grown_room(need: usize, chunk: usize) -> usize {
+    match chunk {
+        0 => need.saturating_mul(2),
+        chunk if need >= chunk / 16 => chunk.max(need),
+        chunk => need.saturating_mul(4).min(chunk),
+    }
+}
+
 pub(crate) struct WriteBuffer {
     /// Non-overlapping segments: offset → bytes. Adjacent where a sequential writer filled
     /// one to `chunk` bytes and went on in the next, or handed over whole buffers. Aligned
@@ -155,10 +168,7 @@ impl WriteBuffer {
                 let Some(Seg::Filling(seg)) = self.segs.get_mut(&o) else { unreachable!("a filling segment was found above") };
                 let n = chunk.saturating_sub(seg.len()).min(data.len());
                 if n > 0 && seg.room() - seg.len() < n {
-                    // Grow once, to the chunk, instead of doubling through several copies
-                    // (without a chunk, to twice what is needed).
-                    let want = if chunk == usize::MAX { (seg.len() + n).saturating_mul(2) } else { chunk };
-                    seg.grow_to(want);
+                    seg.grow_to(grown_room(seg.len() + n, self.chunk));
                 }
                 seg.extend_from_slice(&data[..n]);
                 let mut at = off + n as u64;
@@ -398,5 +408,28 @@ mod tests {
         b.insert(7, b"7", 1); // touches it: a segment of its own
         assert_eq!(plain(b.take_full(4)), vec![(0, b"0123".to_vec())]);
         assert_eq!(plain(b.take_all()), vec![(4, b"456".to_vec()), (7, b"7".to_vec())]);
+    }
+
+    #[test]
+    fn small_segments_grow_in_steps_large_ones_straight_to_the_chunk() {
+        let chunk = 4 << 20;
+        assert_eq!(grown_room(8 << 10, chunk), 32 << 10);
+        assert_eq!(grown_room(200 << 10, chunk), 800 << 10);
+        assert_eq!(grown_room(256 << 10, chunk), chunk);
+        assert_eq!(grown_room(2 << 20, chunk), chunk);
+        assert_eq!(grown_room(100, 0), 200);
+        // Appends of 4 KiB: the segment stays far below a stripe until it is large.
+        let mut b = WriteBuffer::with_chunk(0, chunk);
+        for i in 0..8u64 {
+            b.insert(i * 4096, &[i as u8; 4096], 1);
+        }
+        let room = match b.segs.values().next() {
+            Some(Seg::Filling(f)) => f.room(),
+            _ => panic!("one filling segment"),
+        };
+        assert!(room < (1 << 20), "8 appends of 4 KiB hold {room} bytes of room");
+        let all = plain(b.take_all());
+        assert_eq!(all.len(), 1);
+        assert!(all[0].1.chunks(4096).enumerate().all(|(i, c)| c.iter().all(|&x| x == i as u8)));
     }
 }
