@@ -63,7 +63,8 @@ impl AlignedBuf {
         Self { ptr, len, capacity, filled: true, big: false, owner: None }
     }
 
-    /// A buffer of `len` bytes (a multiple of BLOCK_BYTES) for a drive read to fill, left
+    /// A buffer of `len` bytes (a multiple of BLOCK_BYTES) for a drive read to fill (or the
+    /// allocation under a [`FillBuf`], which shows only what it was filled with), left
     /// uninitialised: zeroing MiB-sized buffers that a read overwrites anyway cost about a
     /// tenth of the daemon's CPU in a large GET. Nothing may look at its bytes before
     /// [`assume_filled`](Self::assume_filled), which a drive calls once the read has filled
