@@ -208,6 +208,14 @@ impl Engine {
         *self.remote.write() = Some(source);
     }
 
+    /// Whether any inode of this engine is (or was, since it started) a portal mirror. While
+    /// none is, every read is answered from local metadata and drives, never from a hub, so
+    /// protocols may make short metadata reads where a request is being served instead of
+    /// on a thread that may block.
+    pub fn holds_mirrors(&self) -> bool {
+        self.has_stubs.load(Ordering::Relaxed)
+    }
+
     /// The stub of a mirror inode; `None` for ordinary inodes.
     pub fn remote_stub(&self, ino: Ino) -> Result<Option<RemoteStub>> {
         if !self.has_stubs.load(Ordering::Relaxed) {

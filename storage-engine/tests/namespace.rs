@@ -340,6 +340,28 @@ fn a_replacing_link_swaps_the_name_in_one_step() {
     assert_eq!(e.getattr(&c, a).unwrap().nlink, 2);
 }
 
+/// `holds_mirrors` (whether protocols may make their short metadata reads in place) is false
+/// until the first portal mirror's stub is stored, by the portal caller only, and stays true
+/// across a restart.
+#[test]
+fn holds_mirrors_from_the_first_stub_on_and_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    assert!(!e.holds_mirrors());
+    let d = e.mkdir(&c, ROOT_INO, b"mirror", 0o755).unwrap();
+    let stub = RemoteStub { portal: "p".into(), hub_ino: 7, hub_version: 1, path: Vec::new(), listed: false, cache_ino: 0, present: Vec::new() };
+    assert!(matches!(e.remote_stub_put(&c, d.ino, &stub), Err(Error::PermissionDenied)));
+    assert!(!e.holds_mirrors(), "a refused stub changes nothing");
+    e.remote_stub_put(&Caller::portal(), d.ino, &stub).unwrap();
+    assert!(e.holds_mirrors());
+    e.shutdown().unwrap();
+    drop(e);
+    let e = open(dir.path());
+    assert!(e.holds_mirrors());
+    assert_eq!(e.remote_stub(d.ino).unwrap().map(|s| s.hub_ino), Some(7));
+}
+
 /// The event-loop lookup answers what `lookup` answers for local entries, permission
 /// checks and errors included.
 #[test]

@@ -23,10 +23,10 @@ pub(crate) struct EngineAuth {
 
 #[async_trait::async_trait]
 impl S3Auth for EngineAuth {
+    /// Two metadata reads (the key, its user), made where the request is: a trip to the
+    /// blocking pool costs more than they do, and `caller_of` makes the same reads there.
     async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
-        let engine = self.engine.clone();
-        let access = access_key.to_string();
-        match blocking(move || Ok(engine.s3_credentials(&access))).await? {
+        match self.engine.s3_credentials(access_key) {
             Ok((secret, _)) => Ok(SecretKey::from(secret)),
             Err(Error::Unauthenticated | Error::NotFound) => Err(S3Error::new(S3ErrorCode::InvalidAccessKeyId)),
             Err(e) => Err(crate::error::map_err(e, crate::error::Missing::Key)),
@@ -617,7 +617,11 @@ impl S3Access for PolicyAccess {
         let engine = self.engine.clone();
         let versioned = cx.uri().query().is_some_and(|q| q.split('&').any(|p| p.starts_with("versionId=")));
         let asked = Asked { access_key, bucket, key, op, context, copy_source, copy_source_versioned, versioned };
-        let out = blocking(move || decide(&engine, asked)).await?;
+        // Deciding is a few metadata reads (the key, the bucket, its policy and ACL, and for
+        // object-level requests the object's): made here unless a portal mirror could make
+        // one of them wait for a hub. A trip to the blocking pool costs a small request more
+        // than the reads do.
+        let out = if engine.holds_mirrors() { blocking(move || decide(&engine, asked)).await? } else { decide(&engine, asked)? };
         let ext = cx.extensions_mut();
         if let Some(c) = out.grant {
             ext.insert(PolicyGrant(c));
