@@ -314,7 +314,11 @@ fn lookup(engine: &Engine, caller: &Caller, parent: Ino, name: &str) -> SmbResul
     }
 }
 
-fn open_blocking(engine: &Arc<Engine>, caller: &Caller, full: &str, root: bool, opts: OpenOptions) -> SmbResult<(Attr, OpenAction)> {
+/// Opens `full` for `opts`. `in_place`: called where the request is served, so nothing that may
+/// wait is done: `Ok(None)`, with nothing changed, when the open needs more than metadata
+/// reads and a file created without waiting (`Engine::try_create`), for the caller to open
+/// again on the blocking pool. Otherwise always `Some`.
+fn open_file(engine: &Arc<Engine>, caller: &Caller, full: &str, root: bool, opts: OpenOptions, in_place: bool) -> SmbResult<Option<(Attr, OpenAction)>> {
     let (attr, action) = if root {
         let a = engine.resolve(caller, full).map_err(|e| match e {
             Error::NotFound | Error::NotDir => SmbError::PathNotFound,
@@ -325,29 +329,42 @@ fn open_blocking(engine: &Arc<Engine>, caller: &Caller, full: &str, root: bool, 
         let (dir, name) = split(full);
         let parent = resolve_dir(engine, caller, dir)?;
         let existing = lookup(engine, caller, parent.ino, name)?;
-        let create = |engine: &Engine| -> SmbResult<Attr> {
+        let create = |engine: &Engine| -> SmbResult<Option<Attr>> {
             let made = if opts.directory {
+                if in_place {
+                    return Ok(None);
+                }
                 engine.mkdir(caller, parent.ino, name.as_bytes(), DIR_MODE)
+            } else if in_place {
+                match engine.try_create(caller, parent.ino, name.as_bytes(), FILE_MODE, true) {
+                    Some(made) => made,
+                    None => return Ok(None),
+                }
             } else {
                 engine.create(caller, parent.ino, name.as_bytes(), FILE_MODE, true)
             };
-            made.map_err(smb_error)
+            made.map(Some).map_err(smb_error)
         };
-        let overwrite = |a: Attr| -> SmbResult<(Attr, OpenAction)> {
+        // Truncating may free stripes: never in place.
+        let overwrite = |a: Attr| -> SmbResult<Option<(Attr, OpenAction)>> {
             if a.kind == FileKind::Dir {
                 return Err(SmbError::IsDirectory);
+            }
+            if in_place {
+                return Ok(None);
             }
             let a = engine
                 .setattr(caller, a.ino, SetAttr { size: Some(0), ..Default::default() })
                 .map_err(smb_error)?;
-            Ok((a, OpenAction::Overwritten))
+            Ok(Some((a, OpenAction::Overwritten)))
         };
         match (opts.intent, existing) {
             (OpenIntent::Create, Some(_)) => return Err(SmbError::Exists),
             (OpenIntent::Open | OpenIntent::Truncate, None) => return Err(SmbError::NotFound),
             (OpenIntent::Create | OpenIntent::OpenOrCreate | OpenIntent::OverwriteOrCreate, None) => {
                 match create(engine) {
-                    Ok(a) => (a, OpenAction::Created),
+                    Ok(Some(a)) => (a, OpenAction::Created),
+                    Ok(None) => return Ok(None),
                     // Another client made the name between the lookup and the create: OPEN_IF
                     // and OVERWRITE_IF take what it made, as they would had it been there first
                     // (smbtorture's `create.mkdir-dup` races directory creations like this).
@@ -356,14 +373,20 @@ fn open_blocking(engine: &Arc<Engine>, caller: &Caller, full: &str, root: bool, 
                         if opts.intent == OpenIntent::OpenOrCreate {
                             (a, OpenAction::Opened)
                         } else {
-                            overwrite(a)?
+                            match overwrite(a)? {
+                                Some(done) => done,
+                                None => return Ok(None),
+                            }
                         }
                     }
                     Err(e) => return Err(e),
                 }
             }
             (OpenIntent::Open | OpenIntent::OpenOrCreate, Some(a)) => (a, OpenAction::Opened),
-            (OpenIntent::Truncate | OpenIntent::OverwriteOrCreate, Some(a)) => overwrite(a)?,
+            (OpenIntent::Truncate | OpenIntent::OverwriteOrCreate, Some(a)) => match overwrite(a)? {
+                Some(done) => done,
+                None => return Ok(None),
+            },
             // OpenIntent is non-exhaustive: a disposition added upstream is refused until mapped.
             _ => return Err(SmbError::NotSupported),
         }
@@ -383,7 +406,7 @@ fn open_blocking(engine: &Arc<Engine>, caller: &Caller, full: &str, root: bool, 
             return Err(SmbError::AccessDenied);
         }
     }
-    Ok((attr, action))
+    Ok(Some((attr, action)))
 }
 
 #[async_trait]
@@ -394,11 +417,23 @@ impl ShareBackend for EngineShare {
         let full = self.full(path);
         let root = path.is_root();
         let name = path.file_name().unwrap_or_default().to_string();
-        let (attr, action, caller) = blocking(move || {
-            let (attr, action) = open_blocking(&engine, &caller, &full, root, opts)?;
-            Ok((attr, action, caller))
-        })
-        .await?;
+        // Opened where the request is served when that takes only metadata reads and maybe a
+        // file created without waiting, and no portal mirror could send a read to a hub (as
+        // the handles' metadata reads, `EngineHandle::read_meta`): a trip to the blocking
+        // pool costs a small file's open more than the reads do. Anything else (a directory
+        // created, a file truncated, a mutation that would wait) on the blocking pool.
+        let in_place = if engine.holds_mirrors() { None } else { open_file(&engine, &caller, &full, root, opts, true)? };
+        let (attr, action, caller) = match in_place {
+            Some((attr, action)) => (attr, action, caller),
+            None => {
+                blocking(move || {
+                    let (attr, action) = open_file(&engine, &caller, &full, root, opts, false)?
+                        .ok_or_else(|| SmbError::Io(std::io::Error::other("an open on the blocking pool did not complete")))?;
+                    Ok((attr, action, caller))
+                })
+                .await?
+            }
+        };
         let handle = EngineHandle {
             engine: self.engine.clone(),
             caller,
@@ -663,6 +698,17 @@ impl EngineHandle {
         let (engine, caller, ino) = (self.engine.clone(), self.caller.clone(), self.ino);
         blocking(move || f(&engine, &caller, ino).map_err(smb_error)).await
     }
+
+    /// `with` for a few metadata reads (attributes, extended attributes, one entry): made
+    /// where the request is served while no portal mirror could send one of them to a hub
+    /// (`Engine::holds_mirrors`), since a trip to the blocking pool costs a small request more
+    /// than the reads do; otherwise as `with`.
+    async fn read_meta<T: Send + 'static>(&self, f: impl FnOnce(&Engine, &Caller, Ino) -> storage_engine::Result<T> + Send + 'static) -> SmbResult<T> {
+        if self.engine.holds_mirrors() {
+            return self.with(f).await;
+        }
+        f(&self.engine, &self.caller, self.ino).map_err(smb_error)
+    }
 }
 
 #[async_trait]
@@ -702,7 +748,7 @@ impl Handle for EngineHandle {
                 }
             }
         }
-        let current = self.with(|e, c, ino| e.getattr(c, ino)).await.map(|a| Stamp::of(&a))?;
+        let current = self.read_meta(|e, c, ino| e.getattr(c, ino)).await.map(|a| Stamp::of(&a))?;
         if ra.chunk.as_ref().is_some_and(|c| c.stamp != current) {
             ra.clear();
         }
@@ -763,7 +809,7 @@ impl Handle for EngineHandle {
     }
 
     async fn stat(&self) -> SmbResult<FileInfo> {
-        let (attr, dos) = self.with(|e, c, ino| Ok((e.getattr(c, ino)?, dos_attributes(e, ino)))).await?;
+        let (attr, dos) = self.read_meta(|e, c, ino| Ok((e.getattr(c, ino)?, dos_attributes(e, ino)))).await?;
         Ok(file_info(&self.name, &attr, dos))
     }
 
@@ -848,7 +894,7 @@ impl Handle for EngineHandle {
 
     async fn dir_entry(&self, name: &str) -> SmbResult<Option<DirEntry>> {
         let name = name.to_string();
-        self.with(move |e, c, ino| match e.lookup(c, ino, name.as_bytes()) {
+        self.read_meta(move |e, c, ino| match e.lookup(c, ino, name.as_bytes()) {
             Ok(a) => Ok(Some(DirEntry { info: file_info(&name, &a, dos_attributes(e, a.ino)) })),
             Err(Error::NotFound | Error::Stale) => Ok(None),
             Err(err) => Err(err),
@@ -868,7 +914,7 @@ impl Handle for EngineHandle {
     }
 
     async fn link_count(&self) -> SmbResult<u32> {
-        match self.with(|e, c, ino| e.getattr(c, ino)).await {
+        match self.read_meta(|e, c, ino| e.getattr(c, ino)).await {
             Ok(a) => Ok(a.nlink),
             Err(SmbError::NotFound) => Ok(0),
             Err(e) => Err(e),
@@ -876,18 +922,18 @@ impl Handle for EngineHandle {
     }
 
     async fn dir_is_empty(&self) -> SmbResult<bool> {
-        self.with(|e, c, ino| Ok(e.readdir(c, ino, None, 1)?.entries.is_empty())).await
+        self.read_meta(|e, c, ino| Ok(e.readdir(c, ino, None, 1)?.entries.is_empty())).await
     }
 
     /// Read as the caller: reading an attribute's value takes read permission on the file.
     async fn extended_attributes(&self) -> SmbResult<Vec<ExtendedAttribute>> {
-        self.with(extended_attributes).await
+        self.read_meta(extended_attributes).await
     }
 
     /// Read as the engine, as the DOS attributes are: only the size reaches the client, and
     /// FileAllInformation answers any open. A file deleted meanwhile has none.
     async fn ea_size(&self) -> SmbResult<u32> {
-        match self.with(|e, _, ino| extended_attributes(e, &Caller::system(), ino)).await {
+        match self.read_meta(|e, _, ino| extended_attributes(e, &Caller::system(), ino)).await {
             Ok(eas) => Ok(smb_server::ea_size(&eas)),
             Err(SmbError::NotFound) => Ok(0),
             Err(e) => Err(e),
@@ -935,6 +981,45 @@ mod tests {
         assert_eq!(smb_error(Error::NotEmpty).to_nt_status(), 0xC000_0101);
         assert_eq!(smb_error(Error::Exists).to_nt_status(), 0xC000_0035);
         assert_eq!(smb_error(Error::NoSpace("x".into())).to_nt_status(), 0xC000_007F);
+    }
+
+    /// An open made where the request is served answers as one made on the blocking pool, or
+    /// hands over with nothing changed: it creates a file, opens what exists and refuses what
+    /// the disposition refuses; a directory to create and a file to truncate are handed over.
+    #[test]
+    fn opens_in_place_answer_as_on_the_blocking_pool_or_hand_over_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 64 << 20, 4, 2)).unwrap();
+        let sys = Caller::system();
+        let d = engine.mkdir(&sys, storage_engine::ROOT_INO, b"d", 0o755).unwrap();
+        let kept = engine.create(&sys, d.ino, b"kept", 0o644, true).unwrap();
+        engine.write(&sys, kept.ino, 0, b"bytes", Stability::Durable).unwrap();
+        let open = |path: &str, intent: OpenIntent, directory: bool, in_place: bool| {
+            let opts = OpenOptions { intent, directory, write: true, ..Default::default() };
+            open_file(&engine, &sys, path, false, opts, in_place).map(|o| o.map(|(a, action)| (a.ino, action)))
+        };
+        // Created in place: there after, as a file of no bytes.
+        let (ino, action) = open("d/new", OpenIntent::OverwriteOrCreate, false, true).unwrap().expect("created in place");
+        assert_eq!(action, OpenAction::Created);
+        assert_eq!(engine.lookup(&sys, d.ino, b"new").unwrap().ino, ino);
+        // What exists opens in place; refusals are the same either way.
+        for in_place in [true, false] {
+            assert_eq!(open("d/kept", OpenIntent::Open, false, in_place).unwrap(), Some((kept.ino, OpenAction::Opened)));
+            assert_eq!(open("d/kept", OpenIntent::OpenOrCreate, false, in_place).unwrap(), Some((kept.ino, OpenAction::Opened)));
+            assert!(matches!(open("d/kept", OpenIntent::Create, false, in_place), Err(SmbError::Exists)));
+            assert!(matches!(open("d/missing", OpenIntent::Open, false, in_place), Err(SmbError::NotFound)));
+            assert!(matches!(open("nowhere/x", OpenIntent::OpenOrCreate, false, in_place), Err(SmbError::PathNotFound)));
+            assert!(matches!(open("d", OpenIntent::OverwriteOrCreate, false, in_place), Err(SmbError::IsDirectory)));
+        }
+        // Truncating and making a directory are handed over, with nothing done.
+        assert_eq!(open("d/kept", OpenIntent::OverwriteOrCreate, false, true).unwrap(), None);
+        assert_eq!(engine.getattr(&sys, kept.ino).unwrap().size, 5);
+        assert_eq!(open("d/sub", OpenIntent::OpenOrCreate, true, true).unwrap(), None);
+        assert!(matches!(engine.lookup(&sys, d.ino, b"sub"), Err(Error::NotFound)));
+        // On the blocking pool they are done.
+        assert_eq!(open("d/kept", OpenIntent::OverwriteOrCreate, false, false).unwrap(), Some((kept.ino, OpenAction::Overwritten)));
+        assert_eq!(engine.getattr(&sys, kept.ino).unwrap().size, 0);
+        assert_eq!(open("d/sub", OpenIntent::OpenOrCreate, true, false).unwrap().map(|(_, a)| a), Some(OpenAction::Created));
     }
 
     fn handle(engine: &Arc<Engine>, ino: Ino, budget: &Arc<AtomicUsize>) -> EngineHandle {
