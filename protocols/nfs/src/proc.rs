@@ -411,8 +411,9 @@ async fn lookup(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
 async fn access(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     let a = args_or_garbage!(ACCESS3args, args);
     let (ctx, attr) = resolve_or!(state, call, &a.object, ACCESS3resfail { obj_attributes: post_op_attr::None });
-    let (engine, caller, ino) = (ctx.engine(), ctx.caller.clone(), attr.ino);
-    let bits = match blocking(move || engine.access(&caller, ino, 7)).await {
+    // One inode read, local even for a portal mirror (whose attributes `resolve_or` brought
+    // up to date): answered here, as GETATTR is, not on a blocking thread.
+    let bits = match ctx.engine().access(&ctx.caller, attr.ino, 7) {
         Ok(b) => b,
         Err(e) => {
             return packed(&ACCESS3res::Err((status(&e), ACCESS3resfail { obj_attributes: post_op_attr::Some(fattr(&attr, ctx.export.id)) })));
@@ -440,9 +441,9 @@ async fn access(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
 async fn readlink(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     let a = args_or_garbage!(READLINK3args, args);
     let (ctx, attr) = resolve_or!(state, call, &a.symlink, READLINK3resfail { symlink_attributes: post_op_attr::None });
-    let (engine, caller, ino) = (ctx.engine(), ctx.caller.clone(), attr.ino);
     let post = post_op_attr::Some(fattr(&attr, ctx.export.id));
-    match blocking(move || engine.readlink(&caller, ino)).await {
+    // One inode read (a mirror's target is kept locally): answered here.
+    match ctx.engine().readlink(&ctx.caller, attr.ino) {
         Ok(t) => packed(&READLINK3res::Ok(READLINK3resok { symlink_attributes: post, data: nfspath3(Opaque::owned(t)) })),
         Err(e) => packed(&READLINK3res::Err((status(&e), READLINK3resfail { symlink_attributes: post }))),
     }
