@@ -904,7 +904,12 @@ impl Handle for EngineHandle {
 
     async fn close(self: Box<Self>) -> SmbResult<()> {
         if self.wrote.load(Ordering::Relaxed) {
-            self.with(|e, c, ino| e.close(c, ino)).await?;
+            // A small file's bytes go into the metadata store here when nothing has to wait
+            // (`Engine::try_close`); anything else is written on the blocking pool.
+            match self.engine.try_close(&self.caller, self.ino) {
+                Some(r) => r.map_err(smb_error)?,
+                None => self.with(|e, c, ino| e.close(c, ino)).await?,
+            }
         }
         Ok(())
     }
