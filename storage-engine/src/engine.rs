@@ -2202,76 +2202,6 @@ impl Engine {
         self.flush(ino, false)
     }
 
-    /// `close` for callers on an event loop, for a small file: its buffered bytes written into
-    /// the metadata store with the file's other inline bytes, one metadata batch without a log
-    /// sync, as `close` writes them. `None`, with nothing done, when that would not be all or
-    /// would wait: a portal mirror exists (its files close through the hub), the file is or
-    /// would grow past the inline limit (stripes to write), a flush of the file is running or
-    /// failed before, a reader holds the file, another mutation holds the mutation lock, or
-    /// RocksDB stalls writes. The caller then uses `close` on a thread that may block.
-    pub fn try_close(&self, _caller: &Caller, ino: Ino) -> Option<Result<()>> {
-        if self.holds_mirrors() {
-            return None;
-        }
-        let Some(fb) = self.buffer_of(ino) else { return Some(Ok(())) };
-        let _flushing = fb.flushing.try_lock()?;
-        let mut b = fb.state.try_lock()?;
-        if b.flush_error.is_some() || !b.in_flight_is_empty() {
-            return None;
-        }
-        if b.is_empty() {
-            drop(b);
-            self.detach_if_empty(ino, &fb);
-            return Some(Ok(()));
-        }
-        let end = b.end().max(b.size);
-        let rec = match self.load(ino) {
-            Ok(r) => r,
-            Err(e) => return Some(Err(e)),
-        };
-        if rec.storage != Storage::Inline || end > self.cfg.inline_bytes_max {
-            return None;
-        }
-        let mut data = match self.db.get_cf(self.cf(CF_INLINE), be64(ino)) {
-            Ok(d) => d.unwrap_or_default(),
-            Err(e) => return Some(Err(e.into())),
-        };
-        if (data.len() as u64) < b.end() {
-            data.resize(b.end() as usize, 0);
-        }
-        b.overlay(0, &mut data);
-        let cmd = Command::WriteExtents { ino, extents: vec![], inline: Some(data), size_at_least: b.size, now: self.now() };
-        // Readers wait while the bytes move from the buffer to the store, as during a flush.
-        let committing = fb.commit.try_write()?;
-        let done = self.try_execute(cmd);
-        drop(committing);
-        match done? {
-            Ok(_) => {
-                b.take_all();
-                drop(b);
-                self.detach_if_empty(ino, &fb);
-                Some(Ok(()))
-            }
-            // The bytes stay buffered: the file's next flush or close writes them.
-            Err(e) => Some(Err(e)),
-        }
-    }
-
-    /// Takes `fb`, emptied by a flush, out of the buffer table if it is still `ino`'s and
-    /// still empty; writers holding it look again.
-    fn detach_if_empty(&self, ino: Ino, fb: &Arc<FileBuf>) {
-        let mut map = self.buffers.lock();
-        if let Some(x) = map.get(&ino).filter(|x| Arc::ptr_eq(x, fb)).cloned() {
-            let mut xb = x.state.lock();
-            if xb.is_empty() {
-                xb.detached = true;
-                x.room.notify_all();
-                drop(xb);
-                map.remove(&ino);
-            }
-        }
-    }
-
     fn pool_of(&self, _ino: Ino) -> u16 {
         0
     }
@@ -2365,7 +2295,16 @@ impl Engine {
         };
         if res.is_ok() && b.is_empty() {
             drop(b);
-            self.detach_if_empty(ino, &fb);
+            let mut map = self.buffers.lock();
+            if let Some(x) = map.get(&ino).filter(|x| Arc::ptr_eq(x, &fb)).cloned() {
+                let mut xb = x.state.lock();
+                if xb.is_empty() {
+                    xb.detached = true;
+                    x.room.notify_all();
+                    drop(xb);
+                    map.remove(&ino);
+                }
+            }
         }
         res
     }

@@ -138,11 +138,6 @@ impl WriteBuffer {
         self.in_flight = segs.to_vec();
     }
 
-    /// No flush is writing segments of this buffer.
-    pub fn in_flight_is_empty(&self) -> bool {
-        self.in_flight.is_empty()
-    }
-
     /// The running flush committed (or lost) its segments.
     pub fn clear_in_flight(&mut self) {
         self.in_flight.clear();

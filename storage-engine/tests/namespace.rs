@@ -340,42 +340,6 @@ fn a_replacing_link_swaps_the_name_in_one_step() {
     assert_eq!(e.getattr(&c, a).unwrap().nlink, 2);
 }
 
-/// The event-loop close stores a small file's buffered bytes as `close` does (holes as
-/// zeros, the inode's version moved on, kept across a restart), and declines, with nothing
-/// changed, a file whose bytes need stripes.
-#[test]
-fn try_close_stores_a_small_file_as_close_does_or_declines_untouched() {
-    let dir = tempfile::tempdir().unwrap();
-    let e = open(dir.path());
-    let c = root();
-    let f = e.create(&c, ROOT_INO, b"small", 0o644, true).unwrap();
-    assert!(e.try_write_buffered(&c, f.ino, 0, b"hello").unwrap());
-    assert!(e.try_write_buffered(&c, f.ino, 10, b"world").unwrap());
-    let before = e.getattr(&c, f.ino).unwrap();
-    assert_eq!(before.size, 15);
-    assert!(matches!(e.try_close(&c, f.ino), Some(Ok(()))));
-    let after = e.getattr(&c, f.ino).unwrap();
-    assert!(after.version > before.version, "the bytes were committed");
-    assert_eq!(get(&e, "/small"), b"hello\0\0\0\0\0world");
-    assert!(matches!(e.try_close(&c, f.ino), Some(Ok(()))), "nothing left: done at once");
-    assert_eq!(e.getattr(&c, f.ino).unwrap().version, after.version);
-    // Past the inline limit the bytes need stripes: declined, still buffered and readable,
-    // then written by `close`.
-    let big = e.create(&c, ROOT_INO, b"big", 0o644, true).unwrap();
-    let data = bytes(3, 200_000);
-    e.write(&c, big.ino, 0, &data, Stability::Unstable).unwrap();
-    let v = e.getattr(&c, big.ino).unwrap().version;
-    assert!(e.try_close(&c, big.ino).is_none());
-    assert_eq!(e.getattr(&c, big.ino).unwrap().version, v, "nothing committed");
-    assert_eq!(get(&e, "/big"), data);
-    e.close(&c, big.ino).unwrap();
-    e.shutdown().unwrap();
-    drop(e);
-    let e = open(dir.path());
-    assert_eq!(get(&e, "/small"), b"hello\0\0\0\0\0world");
-    assert_eq!(get(&e, "/big"), data);
-}
-
 /// `holds_mirrors` (whether protocols may make their short metadata reads in place) is false
 /// until the first portal mirror's stub is stored, by the portal caller only, and stays true
 /// across a restart.

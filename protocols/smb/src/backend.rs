@@ -904,12 +904,7 @@ impl Handle for EngineHandle {
 
     async fn close(self: Box<Self>) -> SmbResult<()> {
         if self.wrote.load(Ordering::Relaxed) {
-            // A small file's bytes go into the metadata store here when nothing has to wait
-            // (`Engine::try_close`); anything else is written on the blocking pool.
-            match self.engine.try_close(&self.caller, self.ino) {
-                Some(r) => r.map_err(smb_error)?,
-                None => self.with(|e, c, ino| e.close(c, ino)).await?,
-            }
+            self.with(|e, c, ino| e.close(c, ino)).await?;
         }
         Ok(())
     }
