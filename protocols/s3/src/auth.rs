@@ -128,6 +128,11 @@ pub(crate) struct AclWriter(pub u32);
 #[derive(Clone)]
 pub(crate) struct SourceGrant(pub Caller);
 
+/// The user of the request's access key, as the access check found it: the operation runs
+/// as this user (unless a grant says otherwise) without looking the key up again.
+#[derive(Clone)]
+pub(crate) struct Requester(pub Caller);
+
 /// DeleteObjects names its keys in the body, which the access check does not see: the
 /// policy is evaluated per key by the operation itself.
 #[derive(Clone)]
@@ -273,6 +278,7 @@ fn request_context(cx: &S3AccessContext<'_>) -> Context {
 /// What the access check leaves for the operation.
 #[derive(Default)]
 struct Outcome {
+    requester: Option<Caller>,
     grant: Option<Caller>,
     writer: Option<u32>,
     source_grant: Option<Caller>,
@@ -312,7 +318,7 @@ fn decide(engine: &Engine, mut a: Asked) -> S3Result<Outcome> {
         Ok(attr) if attr.kind == FileKind::Dir => Some(attr),
         _ => None,
     };
-    let mut out = Outcome::default();
+    let mut out = Outcome { requester: me.clone(), ..Outcome::default() };
     let mut allowed = false;
     if a.op != "CreateBucket"
         && let Some(b) = bucket_dir(&a.bucket)
@@ -623,6 +629,9 @@ impl S3Access for PolicyAccess {
         // than the reads do.
         let out = if engine.holds_mirrors() { blocking(move || decide(&engine, asked)).await? } else { decide(&engine, asked)? };
         let ext = cx.extensions_mut();
+        if let Some(c) = out.requester {
+            ext.insert(Requester(c));
+        }
         if let Some(c) = out.grant {
             ext.insert(PolicyGrant(c));
         }

@@ -18,7 +18,7 @@ use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use storage_engine::{Attr, Caller, Engine, Error, FileKind, FillBuf, FoundVersion, Ino, NULL_VERSION, ROOT_INO, Stability, VersionKind, VersionMode};
 
 use crate::acl::{self, Acl, GrantHeaders, Perm};
-use crate::auth::{AclWriter, PerKeyPolicy, PolicyGrant, SourceGrant, caller_of, load_acl};
+use crate::auth::{AclWriter, PerKeyPolicy, PolicyGrant, Requester, SourceGrant, caller_of, load_acl};
 use crate::lifecycle;
 use crate::policy::Policy;
 use crate::error::{Missing, internal, map_err};
@@ -128,7 +128,16 @@ impl AquiferS3 {
         if let Some(PolicyGrant(c)) = req.extensions.get::<PolicyGrant>() {
             return Ok(c.clone());
         }
-        caller_of(&self.engine, req.credentials.as_ref())
+        self.requester(req)
+    }
+
+    /// The user of the request's access key (or the anonymous caller), as the access check
+    /// found it; looked up only where that check did not run (ListBuckets).
+    fn requester<T>(&self, req: &S3Request<T>) -> S3Result<Caller> {
+        match req.extensions.get::<Requester>() {
+            Some(Requester(c)) => Ok(c.clone()),
+            None => caller_of(&self.engine, req.credentials.as_ref()),
+        }
     }
 
     /// Who reads the source of a copy: the source bucket's owner when that bucket's policy
@@ -138,7 +147,7 @@ impl AquiferS3 {
         if let Some(SourceGrant(c)) = req.extensions.get::<SourceGrant>() {
             return Ok(c.clone());
         }
-        caller_of(&self.engine, req.credentials.as_ref())
+        self.requester(req)
     }
 }
 
