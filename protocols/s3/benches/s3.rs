@@ -1,6 +1,12 @@
 //! S3 throughput of the Aquifer daemon against the loopback limit (`iperf3`) and the s3s
 //! reference server (`s3s-fs` 0.14.1), all measured in one run with one client.
 //!
+//! The machines this runs on are shared and noisy, so the throughput measurements run in
+//! rounds (`S3_BENCH_ROUNDS`, default 3): each round measures the loopback limit, then both
+//! servers one after the other (the order alternating between rounds), and each ratio is taken
+//! within its round. The table gives the median of the rounds' values and of their ratios,
+//! with the ratios' range; the listing is measured once per server, after the rounds.
+//!
 //! ```text
 //! cd /work/main && CARGO_TARGET_DIR=/var/cache/aquifer-target cargo build --workspace --all-targets
 //! CARGO_TARGET_DIR=/var/cache/aquifer-target cargo bench -p aquifer-s3 --bench s3 --profile dev
@@ -54,6 +60,9 @@ const LIST_SECS_MAX: u64 = 120;
 const FILL_STREAMS: usize = 8;
 /// How long a server may take to start listening.
 const START_TIMEOUT_MS: u64 = 60_000;
+/// Rounds of the throughput measurements (`S3_BENCH_ROUNDS`); each round measures the
+/// loopback limit and then both servers, in alternating order.
+const ROUNDS_DEFAULT: usize = 3;
 /// Seconds each iperf3 measurement runs.
 const IPERF_SECS: u32 = 3;
 
@@ -289,38 +298,39 @@ where
     Ok(start.elapsed())
 }
 
-#[derive(Default, Clone)]
-struct Results {
-    /// (label, value, whether the value is only a lower bound) in the order measured.
-    rows: Vec<(String, f64, bool)>,
+/// One round's throughput rows of one server: (label, value), in the order measured.
+type Rows = Vec<(String, f64)>;
+
+fn plural(streams: usize) -> &'static str {
+    if streams > 1 { "s" } else { "" }
 }
 
-async fn measure(server: &Server) -> Result<Results> {
-    let c = Client::new(server.addr);
-    let mut r = Results::default();
-    c.put("/bench", Bytes::new()).await?;
+/// PUT then GET of large and of small objects, under keys of their own for `round`; the large
+/// objects are deleted again.
+async fn measure_round(c: &Client, round: usize) -> Result<Rows> {
+    let mut r = Rows::new();
     let large = Bytes::from((0..LARGE_BYTES).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>());
     for (streams, n) in [(1, LARGE_OBJECTS_ONE_STREAM), (8, 8 * LARGE_OBJECTS_PER_STREAM_OF_8)] {
         let (cc, body) = (c.clone(), large.clone());
         let t = parallel(streams, n, move |i| {
             let (cc, body) = (cc.clone(), body.clone());
-            async move { cc.put(&format!("/bench/large/{streams}/{i}"), body).await }
+            async move { cc.put(&format!("/bench/r{round}/large/{streams}/{i}"), body).await }
         })
         .await?;
-        r.rows.push((format!("PUT 64 MiB, {streams} stream{} (MiB/s)", if streams > 1 { "s" } else { "" }), (n * LARGE_BYTES / MIB) as f64 / t.as_secs_f64(), false));
+        r.push((format!("PUT 64 MiB, {streams} stream{} (MiB/s)", plural(streams)), (n * LARGE_BYTES / MIB) as f64 / t.as_secs_f64()));
         let cc = c.clone();
         let t = parallel(streams, n, move |i| {
             let cc = cc.clone();
             async move {
-                let got = cc.get(&format!("/bench/large/{streams}/{i}")).await?;
+                let got = cc.get(&format!("/bench/r{round}/large/{streams}/{i}")).await?;
                 ensure!(got == LARGE_BYTES, "GET returned {got} bytes, not {LARGE_BYTES}");
                 Ok(())
             }
         })
         .await?;
-        r.rows.push((format!("GET 64 MiB, {streams} stream{} (MiB/s)", if streams > 1 { "s" } else { "" }), (n * LARGE_BYTES / MIB) as f64 / t.as_secs_f64(), false));
+        r.push((format!("GET 64 MiB, {streams} stream{} (MiB/s)", plural(streams)), (n * LARGE_BYTES / MIB) as f64 / t.as_secs_f64()));
         for i in 0..n {
-            c.call("DELETE", &format!("/bench/large/{streams}/{i}"), &[], Bytes::new()).await?;
+            c.call("DELETE", &format!("/bench/r{round}/large/{streams}/{i}"), &[], Bytes::new()).await?;
         }
     }
     let small = Bytes::from(vec![7u8; SMALL_BYTES]);
@@ -328,23 +338,29 @@ async fn measure(server: &Server) -> Result<Results> {
         let (cc, body) = (c.clone(), small.clone());
         let t = parallel(streams, SMALL_OBJECTS, move |i| {
             let (cc, body) = (cc.clone(), body.clone());
-            async move { cc.put(&format!("/bench/small{streams}-{i:06}"), body).await }
+            async move { cc.put(&format!("/bench/r{round}/small{streams}-{i:06}"), body).await }
         })
         .await?;
-        r.rows.push((format!("PUT 4 KiB, {streams} stream{} (ops/s)", if streams > 1 { "s" } else { "" }), SMALL_OBJECTS as f64 / t.as_secs_f64(), false));
+        r.push((format!("PUT 4 KiB, {streams} stream{} (ops/s)", plural(streams)), SMALL_OBJECTS as f64 / t.as_secs_f64()));
         let cc = c.clone();
         let t = parallel(streams, SMALL_OBJECTS, move |i| {
             let cc = cc.clone();
             async move {
-                let got = cc.get(&format!("/bench/small{streams}-{i:06}")).await?;
+                let got = cc.get(&format!("/bench/r{round}/small{streams}-{i:06}")).await?;
                 ensure!(got == SMALL_BYTES, "GET returned {got} bytes, not {SMALL_BYTES}");
                 Ok(())
             }
         })
         .await?;
-        r.rows.push((format!("GET 4 KiB, {streams} stream{} (ops/s)", if streams > 1 { "s" } else { "" }), SMALL_OBJECTS as f64 / t.as_secs_f64(), false));
+        r.push((format!("GET 4 KiB, {streams} stream{} (ops/s)", plural(streams)), SMALL_OBJECTS as f64 / t.as_secs_f64()));
     }
-    let keys = std::env::var("S3_BENCH_LIST_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(LIST_KEYS_DEFAULT);
+    Ok(r)
+}
+
+/// Fills a bucket with `keys` keys, then lists it with ListObjectsV2: (seconds, whether the
+/// listing was stopped after `LIST_SECS_MAX`).
+async fn measure_list(server: &Server, keys: usize) -> Result<(f64, bool)> {
+    let c = Client::new(server.addr);
     c.put("/listing", Bytes::new()).await?;
     let cc = c.clone();
     let fill = parallel(FILL_STREAMS, keys, move |i| {
@@ -380,8 +396,7 @@ async fn measure(server: &Server) -> Result<Results> {
     } else {
         ensure!(listed == keys, "{}: listed {listed} keys, not {keys}", server.name);
     }
-    r.rows.push((format!("ListObjectsV2 of {keys} keys, {LIST_PAGE_KEYS} a page (s)"), t.as_secs_f64(), stopped));
-    Ok(r)
+    Ok((t.as_secs_f64(), stopped))
 }
 
 fn xml_field(body: &str, name: &str) -> Option<String> {
@@ -417,36 +432,92 @@ fn iperf3(streams: usize) -> Result<f64> {
     Ok(bps / 8.0 / MIB as f64)
 }
 
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+fn fmt_value(v: f64) -> String {
+    if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.2}") }
+}
+
 fn main() -> Result<()> {
     // `cargo bench` passes `--bench`; there are no other options.
+    let rounds = std::env::var("S3_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(ROUNDS_DEFAULT).max(1);
+    let keys = std::env::var("S3_BENCH_LIST_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(LIST_KEYS_DEFAULT);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let tcp1 = iperf3(1)?;
-    let tcp8 = iperf3(8)?;
-    eprintln!("loopback TCP (iperf3): {tcp1:.0} MiB/s with 1 stream, {tcp8:.0} MiB/s with 8");
+    // Both servers run for the whole measurement; only one is ever sent requests.
     let aquifer = start_aquifer()?;
-    let a = rt.block_on(measure(&aquifer))?;
-    drop(aquifer);
     let s3s = start_s3s_fs()?;
-    let s = rt.block_on(measure(&s3s))?;
-    drop(s3s);
-    println!("| measurement | Aquifer | s3s-fs 0.14.1 | Aquifer / s3s-fs | loopback TCP (iperf3) | Aquifer / TCP |");
-    println!("|---|--:|--:|--:|--:|--:|");
-    for ((label, av, a_more), (_, sv, s_more)) in a.rows.iter().zip(&s.rows) {
-        let tcp = if label.contains("64 MiB") { Some(if label.contains("1 stream ") { tcp1 } else { tcp8 }) } else { None };
-        let (tcp_col, tcp_ratio) = match tcp {
-            Some(t) => (format!("{t:.0}"), format!("{:.2}×", av / t)),
-            None => (String::new(), String::new()),
+    let (ca, cs) = (Client::new(aquifer.addr), Client::new(s3s.addr));
+    rt.block_on(async {
+        ca.put("/bench", Bytes::new()).await?;
+        cs.put("/bench", Bytes::new()).await
+    })?;
+    // rounds of (loopback 1 stream, loopback 8 streams, Aquifer's rows, s3s-fs's rows)
+    let mut measured: Vec<(f64, f64, Rows, Rows)> = Vec::new();
+    for round in 0..rounds {
+        let tcp1 = iperf3(1)?;
+        let tcp8 = iperf3(8)?;
+        eprintln!("round {}: loopback TCP (iperf3) {tcp1:.0} MiB/s with 1 stream, {tcp8:.0} MiB/s with 8", round + 1);
+        // The order alternates, so that neither server always runs first after iperf3.
+        let (a, s) = if round % 2 == 0 {
+            let a = rt.block_on(measure_round(&ca, round))?;
+            (a, rt.block_on(measure_round(&cs, round))?)
+        } else {
+            let s = rt.block_on(measure_round(&cs, round))?;
+            (rt.block_on(measure_round(&ca, round))?, s)
         };
-        let fmt = |v: f64, more: bool| {
-            let n = if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.2}") };
-            if more { format!("> {n}") } else { n }
-        };
-        let ratio = match (a_more, s_more) {
-            (false, false) => format!("{:.2}×", av / sv),
-            (false, true) => format!("< {:.3}×", av / sv),
-            _ => "n/a".to_string(),
-        };
-        println!("| {label} | {} | {} | {ratio} | {tcp_col} | {tcp_ratio} |", fmt(*av, *a_more), fmt(*sv, *s_more));
+        for ((label, av), (_, sv)) in a.iter().zip(&s) {
+            eprintln!("round {}: {label}: Aquifer {} s3s-fs {} ({:.2}×)", round + 1, fmt_value(*av), fmt_value(*sv), av / sv);
+        }
+        measured.push((tcp1, tcp8, a, s));
     }
+    let (al, a_stopped) = rt.block_on(measure_list(&aquifer, keys))?;
+    let (sl, s_stopped) = rt.block_on(measure_list(&s3s, keys))?;
+    drop(aquifer);
+    drop(s3s);
+
+    println!("Medians of {rounds} round{}; each ratio is the median of the rounds' own ratios, with their range.", plural(rounds));
+    println!();
+    println!("| measurement | Aquifer | s3s-fs 0.14.1 | Aquifer / s3s-fs | (rounds) | loopback TCP (iperf3) | Aquifer / TCP | (rounds) |");
+    println!("|---|--:|--:|--:|--:|--:|--:|--:|");
+    let range = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{lo:.2}–{hi:.2}×")
+    };
+    for (row, (label, _)) in measured[0].2.iter().enumerate() {
+        let av: Vec<f64> = measured.iter().map(|m| m.2[row].1).collect();
+        let sv: Vec<f64> = measured.iter().map(|m| m.3[row].1).collect();
+        let ratios: Vec<f64> = av.iter().zip(&sv).map(|(a, s)| a / s).collect();
+        let (tcp_col, tcp_ratio, tcp_range) = if label.contains("64 MiB") {
+            let tcp: Vec<f64> = measured.iter().map(|m| if label.contains("1 stream ") { m.0 } else { m.1 }).collect();
+            let to_tcp: Vec<f64> = av.iter().zip(&tcp).map(|(a, t)| a / t).collect();
+            (fmt_value(median(&tcp)), format!("{:.2}×", median(&to_tcp)), range(&to_tcp))
+        } else {
+            (String::new(), String::new(), String::new())
+        };
+        println!(
+            "| {label} | {} | {} | {:.2}× | {} | {tcp_col} | {tcp_ratio} | {tcp_range} |",
+            fmt_value(median(&av)),
+            fmt_value(median(&sv)),
+            median(&ratios),
+            range(&ratios)
+        );
+    }
+    let list_value = |v: f64, stopped: bool| if stopped { format!("> {}", fmt_value(v)) } else { fmt_value(v) };
+    let list_ratio = match (a_stopped, s_stopped) {
+        (false, false) => format!("{:.2}×", al / sl),
+        (false, true) => format!("< {:.3}×", al / sl),
+        _ => "n/a".to_string(),
+    };
+    println!(
+        "| ListObjectsV2 of {keys} keys, {LIST_PAGE_KEYS} a page (s, once) | {} | {} | {list_ratio} | | | | |",
+        list_value(al, a_stopped),
+        list_value(sl, s_stopped)
+    );
     Ok(())
 }
