@@ -6,12 +6,17 @@
 #          C loop, compiled here, for 4 KiB file creates over one mount; an nfs-cp-per-file loop).
 #   SFTP:  Aquifer vs OpenSSH sshd (internal-sftp), both driven by OpenSSH `sftp -b` with the same
 #          cipher (password via sshpass for Aquifer, a generated key for sshd).
+# All servers run for the whole measurement, and each operation is measured in rounds: in every
+# round Aquifer and its peer run the operation one after the other (the order alternating between
+# rounds), so each round's ratio compares two measurements taken moments apart on this shared,
+# noisy machine. The table gives the medians of the rounds' values and of their ratios, with the
+# ratios' range.
 #
 #   scripts/bench-nfs-sftp.sh
 #
 # Environment: AQUIFER_BIN (default /var/cache/aquifer-target/debug/aquifer), BENCH_SIZE_MIB
 # (1024), BENCH_FILES (2000, libnfs create loop), BENCH_CP_FILES (300, nfs-cp-per-file loop),
-# BENCH_REPS (3; medians are reported), BENCH_CIPHER (aes256-gcm@openssh.com), BENCH_DRIVE_SIZE
+# BENCH_REPS (3 rounds; medians are reported), BENCH_CIPHER (aes256-gcm@openssh.com), BENCH_DRIVE_SIZE
 # (2GiB, each of Aquifer's six file drives).
 # Needs (apt): libnfs-utils libnfs-dev gcc nfs-ganesha nfs-ganesha-vfs rpcbind openssh-server
 # openssh-client sshpass. Runs as root (drops the page cache before every timed operation when
@@ -77,10 +82,6 @@ timeit() {
     "$@" >>"$work/cmd.log" 2>&1 || { echo "FAILED: $*" >&2; tail -20 "$work/cmd.log" >&2; return 1; }
     python3 -c "print(f'{$EPOCHREALTIME - $t0:.3f}')"
 }
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-mibps() { python3 -c "print(f'{$size_mib / $1:.1f}')"; }
-rate() { python3 -c "print(f'{$1 / $2:.0f}')"; }
-ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
 
 # --- client helpers ---------------------------------------------------------------------
 log "work dir $work; page-cache drop: $can_drop"
@@ -139,75 +140,78 @@ log "generating ${size_mib} MiB of random data"
 head -c "$((size_mib * 1048576))" /dev/urandom >"$work/src.bin"
 head -c 4096 /dev/urandom >"$work/f4k.bin"
 
-declare -A R   # R[server.metric]=median value
-declare -A RAW # all runs, for the log
+declare -A T # T[server.metric]=seconds, one per round, space-separated
+add() { T[$1]="${T[$1]:-}${T[$1]:+ }$2"; }
 
-# The nfs-cp loop writes into the export root: libnfs mounts the parent directory of a URL's file.
 # --- NFS --------------------------------------------------------------------------------
-# nfs_bench NAME DIRURL FILEURL_PREFIX  (DIRURL: the export root; FILEURL_PREFIX + name + query)
-nfs_bench() {
-    local name=$1 q=$2 root=$3 prefix=$4
-    local big="${prefix}big.bin?$q" w=() r=() c=() t i
-    for i in $(seq "$reps"); do
-        "$work/nfsbench" "$root?$q" rm /big.bin >/dev/null 2>&1 || true
-        before_write
-        w+=("$(timeit nfs-cp "$work/src.bin" "$big")")
-        rm -f "$work/back.bin"
-        before_read
-        r+=("$(timeit nfs-cp "$big" "$work/back.bin")")
-        if ((i == 1)); then cmp -s "$work/src.bin" "$work/back.bin" || { echo "$name: NFS read-back differs" >&2; exit 1; }; fi
-        rm -f "$work/back.bin"
-        log "$name nfs run $i: write ${w[-1]} s, read ${r[-1]} s"
-    done
+# NFS servers by name: the query string of their URLs, the export root URL, and the prefix of
+# a file's URL in the export root (libnfs mounts the parent directory of a URL's file).
+declare -A NQ NROOT NPREFIX
+nfs_rw() { # NAME ROUND: write, then read back, the big file
+    local name=$1 i=$2 q=${NQ[$1]} root=${NROOT[$1]} w r
+    local big="${NPREFIX[$1]}big.bin?$q"
+    "$work/nfsbench" "$root?$q" rm /big.bin >/dev/null 2>&1 || true
+    before_write
+    w=$(timeit nfs-cp "$work/src.bin" "$big")
+    rm -f "$work/back.bin"
+    before_read
+    r=$(timeit nfs-cp "$big" "$work/back.bin")
+    if ((i == 1)); then cmp -s "$work/src.bin" "$work/back.bin" || { echo "$name: NFS read-back differs" >&2; exit 1; }; fi
+    rm -f "$work/back.bin"
     "$work/nfsbench" "$root?$q" rm /big.bin
-    for i in $(seq "$reps"); do
-        drop_caches
-        t=$("$work/nfsbench" "$root?$q" create "/creates$i" "$nfiles")
-        c+=("$t")
-        log "$name create run $i: $nfiles files in $t s"
-    done
+    add "$name.nfs_w" "$w"
+    add "$name.nfs_r" "$r"
+    log "$name nfs round $i: write $w s, read $r s"
+}
+nfs_create() { # NAME ROUND: the libnfs create loop
+    local name=$1 i=$2 t
+    drop_caches
+    t=$("$work/nfsbench" "${NROOT[$1]}?${NQ[$1]}" create "/creates$i" "$nfiles")
+    add "$name.nfs_c" "$t"
+    log "$name create round $i: $nfiles files in $t s"
+}
+nfs_cp_loop() { # NAME ROUND: one nfs-cp process per file
+    local name=$1 i=$2 k t
     drop_caches
     local t0=$EPOCHREALTIME
-    for i in $(seq "$cpfiles"); do
-        nfs-cp "$work/f4k.bin" "${prefix}cpf$i?$q" >>"$work/cmd.log" 2>&1 || { echo "$name: nfs-cp #$i failed" >&2; tail "$work/cmd.log" >&2; exit 1; }
+    for k in $(seq "$cpfiles"); do
+        nfs-cp "$work/f4k.bin" "${NPREFIX[$1]}cpf$i-$k?${NQ[$1]}" >>"$work/cmd.log" 2>&1 || { echo "$name: nfs-cp #$k failed" >&2; tail "$work/cmd.log" >&2; exit 1; }
     done
     t=$(python3 -c "print(f'{$EPOCHREALTIME - $t0:.3f}')")
-    log "$name nfs-cp loop: $cpfiles files in $t s"
-    RAW[$name.nfs]="write ${w[*]} s; read ${r[*]} s; create($nfiles) ${c[*]} s; nfs-cp loop($cpfiles) $t s"
-    R[$name.nfs_w]=$(mibps "$(median "${w[@]}")")
-    R[$name.nfs_r]=$(mibps "$(median "${r[@]}")")
-    R[$name.nfs_c]=$(rate "$nfiles" "$(median "${c[@]}")")
-    R[$name.nfs_cp]=$(rate "$cpfiles" "$t")
+    add "$name.nfs_cp" "$t"
+    log "$name nfs-cp loop round $i: $cpfiles files in $t s"
 }
 
 # --- SFTP -------------------------------------------------------------------------------
-# sftp_bench NAME REMOTE_PATH DESTINATION SFTP_CMD...
-sftp_bench() {
-    local name=$1 remote=$2 dest=$3; shift 3
-    local p=() g=() i
-    printf -- '-rm %s\n' "$remote" >"$work/b-rm"
-    printf 'put %s %s\n' "$work/src.bin" "$remote" >"$work/b-put"
-    printf 'get %s %s\n' "$remote" "$work/back.bin" >"$work/b-get"
-    for i in $(seq "$reps"); do
-        "$@" -b "$work/b-rm" "$dest" >>"$work/cmd.log" 2>&1 || true
-        before_write
-        p+=("$(timeit "$@" -b "$work/b-put" "$dest")")
-        rm -f "$work/back.bin"
-        before_read
-        g+=("$(timeit "$@" -b "$work/b-get" "$dest")")
-        if ((i == 1)); then cmp -s "$work/src.bin" "$work/back.bin" || { echo "$name: SFTP read-back differs" >&2; exit 1; }; fi
-        rm -f "$work/back.bin"
-        log "$name sftp run $i: put ${p[-1]} s, get ${g[-1]} s"
-    done
-    "$@" -b "$work/b-rm" "$dest" >>"$work/cmd.log" 2>&1 || true
-    RAW[$name.sftp]="put ${p[*]} s; get ${g[*]} s"
-    R[$name.sftp_p]=$(mibps "$(median "${p[@]}")")
-    R[$name.sftp_g]=$(mibps "$(median "${g[@]}")")
-}
 ssh_opts=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR
     -o Ciphers="$cipher" -o Compression=no)
+declare -A SREMOTE
+sftp_batch() { # NAME BATCHFILE
+    case $1 in
+        aquifer) sshpass -p "$admin_pw" sftp -o BatchMode=no "${ssh_opts[@]}" -P "$aq_sftp" -b "$2" admin@127.0.0.1 ;;
+        sshd) sftp "${ssh_opts[@]}" -o IdentitiesOnly=yes -i "$work/client_key" -P "$s_port" -b "$2" root@127.0.0.1 ;;
+    esac
+}
+sftp_rw() { # NAME ROUND: put, then get back, the big file
+    local name=$1 i=$2 remote=${SREMOTE[$1]} p g
+    printf -- '-rm %s\n' "$remote" >"$work/b-rm.$name"
+    printf 'put %s %s\n' "$work/src.bin" "$remote" >"$work/b-put.$name"
+    printf 'get %s %s\n' "$remote" "$work/back.bin" >"$work/b-get.$name"
+    sftp_batch "$name" "$work/b-rm.$name" >>"$work/cmd.log" 2>&1 || true
+    before_write
+    p=$(timeit sftp_batch "$name" "$work/b-put.$name")
+    rm -f "$work/back.bin"
+    before_read
+    g=$(timeit sftp_batch "$name" "$work/b-get.$name")
+    if ((i == 1)); then cmp -s "$work/src.bin" "$work/back.bin" || { echo "$name: SFTP read-back differs" >&2; exit 1; }; fi
+    rm -f "$work/back.bin"
+    sftp_batch "$name" "$work/b-rm.$name" >>"$work/cmd.log" 2>&1 || true
+    add "$name.sftp_p" "$p"
+    add "$name.sftp_g" "$g"
+    log "$name sftp round $i: put $p s, get $g s"
+}
 
-# --- Aquifer ----------------------------------------------------------------------------
+# --- servers ----------------------------------------------------------------------------
 log "starting Aquifer"
 AQUIFER_ADMIN_PASSWORD=$admin_pw AQUIFER_LOG=${AQUIFER_LOG:-warn} "$bin" serve --data-dir "$work/aquifer" \
     --rest 127.0.0.1:0 --s3 127.0.0.1:0 --nfs 127.0.0.1:0 --sftp 127.0.0.1:0 --drive-size "${BENCH_DRIVE_SIZE:-2GiB}" \
@@ -223,12 +227,11 @@ grep -q "^Aquifer is serving" "$work/aquifer.out" || { echo "Aquifer did not sta
 aq_nfs=$(grep -o 'nfs://[^ ,]*' "$work/aquifer.out" | sed 's/.*://')
 aq_sftp=$(grep -o 'sftp://[^ ,]*' "$work/aquifer.out" | sed 's/.*://')
 log "Aquifer pid $aq_pid: NFS/MOUNT port $aq_nfs, SFTP port $aq_sftp"
+NQ[aquifer]="nfsport=$aq_nfs&mountport=$aq_nfs&version=3"
+NROOT[aquifer]="nfs://127.0.0.1/"
+NPREFIX[aquifer]="nfs://127.0.0.1//"
+SREMOTE[aquifer]=big.bin
 
-nfs_bench aquifer "nfsport=$aq_nfs&mountport=$aq_nfs&version=3" "nfs://127.0.0.1/" "nfs://127.0.0.1//"
-sftp_bench aquifer big.bin admin@127.0.0.1 sshpass -p "$admin_pw" sftp -o BatchMode=no "${ssh_opts[@]}" -P "$aq_sftp"
-kill "$aq_pid"; wait "$aq_pid" 2>/dev/null || true
-
-# --- nfs-ganesha ------------------------------------------------------------------------
 log "starting nfs-ganesha"
 g_port=$(free_port) g_mnt=$(free_port)
 mkdir -p "$work/ganesha-export"
@@ -251,12 +254,10 @@ pids+=("$g_pid")
 wait_port "$g_port" "$g_pid" "$work/ganesha.log"
 wait_port "$g_mnt" "$g_pid" "$work/ganesha.log"
 log "ganesha pid $g_pid: NFS port $g_port, MOUNT port $g_mnt, export $work/ganesha-export"
-nfs_bench ganesha "nfsport=$g_port&mountport=$g_mnt&version=3" "nfs://127.0.0.1$work/ganesha-export" \
-    "nfs://127.0.0.1$work/ganesha-export/"
-kill "$g_pid"; wait "$g_pid" 2>/dev/null || true
-rm -rf "$work/ganesha-export"
+NQ[ganesha]="nfsport=$g_port&mountport=$g_mnt&version=3"
+NROOT[ganesha]="nfs://127.0.0.1$work/ganesha-export"
+NPREFIX[ganesha]="nfs://127.0.0.1$work/ganesha-export/"
 
-# --- OpenSSH sshd -----------------------------------------------------------------------
 log "starting sshd"
 s_port=$(free_port)
 mkdir -p /run/sshd "$work/sshd-data"
@@ -282,26 +283,52 @@ s_pid=$!
 pids+=("$s_pid")
 wait_port "$s_port" "$s_pid" "$work/sshd.log"
 log "sshd pid $s_pid on port $s_port"
-sftp_bench sshd "$work/sshd-data/big.bin" root@127.0.0.1 sftp "${ssh_opts[@]}" -o IdentitiesOnly=yes -i "$work/client_key" \
-    -P "$s_port"
-kill "$s_pid"; wait "$s_pid" 2>/dev/null || true
+SREMOTE[sshd]="$work/sshd-data/big.bin"
+
+# --- rounds -----------------------------------------------------------------------------
+# in_order ROUND A B CMD... : runs `CMD A ROUND` and `CMD B ROUND`, A first in odd rounds.
+in_order() {
+    local i=$1 a=$2 b=$3
+    shift 3
+    if ((i % 2 == 1)); then "$@" "$a" "$i"; "$@" "$b" "$i"; else "$@" "$b" "$i"; "$@" "$a" "$i"; fi
+}
+for i in $(seq "$reps"); do
+    in_order "$i" aquifer ganesha nfs_rw
+    in_order "$i" aquifer ganesha nfs_create
+    in_order "$i" aquifer ganesha nfs_cp_loop
+    in_order "$i" aquifer sshd sftp_rw
+done
 
 # --- report -----------------------------------------------------------------------------
 total=$(python3 -c "print(f'{$EPOCHREALTIME - $t_start:.0f}')")
 echo
-echo "| Protocol | Operation | Aquifer | Peer | Aquifer/peer |"
-echo "|---|---|---:|---:|---:|"
-row() { echo "| $1 | $2 | ${R[aquifer.$3]} $4 | ${R[$5.$3]} $4 | $(ratio "${R[aquifer.$3]}" "${R[$5.$3]}") |"; }
-row "NFSv3 (vs ganesha VFS)" "sequential write ${size_mib} MiB (nfs-cp)" nfs_w MiB/s ganesha
-row "NFSv3 (vs ganesha VFS)" "sequential read ${size_mib} MiB (nfs-cp)" nfs_r MiB/s ganesha
-row "NFSv3 (vs ganesha VFS)" "create+write 4 KiB files, one mount (libnfs loop, $nfiles files)" nfs_c files/s ganesha
-row "NFSv3 (vs ganesha VFS)" "create 4 KiB files, nfs-cp per file ($cpfiles files, 1 run)" nfs_cp files/s ganesha
-row "SFTP (vs sshd internal-sftp)" "put ${size_mib} MiB (sftp -b, $cipher)" sftp_p MiB/s sshd
-row "SFTP (vs sshd internal-sftp)" "get ${size_mib} MiB (sftp -b, $cipher)" sftp_g MiB/s sshd
+echo "| Protocol | Operation | Aquifer | Peer | Aquifer/peer | (rounds) |"
+echo "|---|---|---:|---:|---:|---:|"
+# row PROTOCOL OPERATION METRIC UNIT PEER AMOUNT: values are AMOUNT / seconds; a round's ratio
+# is the peer's seconds over Aquifer's.
+row() {
+    python3 - "$@" "${T[aquifer.$3]}" "${T[$5.$3]}" <<'PY'
+import statistics as st, sys
+proto, op, metric, unit, peer, amount, a, p = sys.argv[1:]
+a = [float(x) for x in a.split()]
+p = [float(x) for x in p.split()]
+amount = float(amount)
+ratios = [pt / at for at, pt in zip(a, p)]
+print(f"| {proto} | {op} | {amount / st.median(a):.0f} {unit} | {amount / st.median(p):.0f} {unit} "
+      f"| {st.median(ratios):.2f} | {min(ratios):.2f}–{max(ratios):.2f} |")
+PY
+}
+row "NFSv3 (vs ganesha VFS)" "sequential write ${size_mib} MiB (nfs-cp)" nfs_w MiB/s ganesha "$size_mib"
+row "NFSv3 (vs ganesha VFS)" "sequential read ${size_mib} MiB (nfs-cp)" nfs_r MiB/s ganesha "$size_mib"
+row "NFSv3 (vs ganesha VFS)" "create+write 4 KiB files, one mount (libnfs loop, $nfiles files)" nfs_c files/s ganesha "$nfiles"
+row "NFSv3 (vs ganesha VFS)" "create 4 KiB files, nfs-cp per file ($cpfiles files)" nfs_cp files/s ganesha "$cpfiles"
+row "SFTP (vs sshd internal-sftp)" "put ${size_mib} MiB (sftp -b, $cipher)" sftp_p MiB/s sshd "$size_mib"
+row "SFTP (vs sshd internal-sftp)" "get ${size_mib} MiB (sftp -b, $cipher)" sftp_g MiB/s sshd "$size_mib"
 echo
-echo "Medians of $reps runs (except the nfs-cp-per-file row). Page cache dropped before every timed"
-echo "operation: $([[ $can_drop == 1 ]] && echo yes || echo no). Aquifer binary: $bin. Total $total s."
+echo "Medians of $reps rounds; in each round both servers ran the operation one after the other,"
+echo "the order alternating. Page cache dropped before every timed operation: $([[ $can_drop == 1 ]] && echo yes || echo no)."
+echo "Aquifer binary: $bin. Total $total s."
 echo "$(nproc) CPUs; load average at start $load_start, at end $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine shows here)."
 echo
-echo "Raw seconds per run:"
-for k in aquifer.nfs ganesha.nfs aquifer.sftp sshd.sftp; do echo "- $k: ${RAW[$k]}"; done
+echo "Raw seconds per round:"
+for k in "${!T[@]}"; do echo "- $k: ${T[$k]}"; done | sort
