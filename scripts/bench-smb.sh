@@ -36,7 +36,6 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
 now() { date +%s.%N; }
-median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 aq_port=$(free_port)
 AQUIFER_ADMIN_PASSWORD=$pw AQUIFER_LOG=warn "$bin" serve --data-dir "$work/aquifer" --smb "127.0.0.1:$aq_port" \
@@ -73,14 +72,22 @@ head -c 4096 /dev/urandom > "$work/small"
 creates=$(paste -sd';' "$work/creates.cmd")
 
 declare -A res
-# Servers take turns within each repetition, so load from elsewhere on the machine falls on all.
+# Servers take turns within each round, operation by operation, in an order that rotates from
+# round to round, so that load from elsewhere on the machine falls on all of them alike; each
+# ratio is taken within its round.
+servers=(aquifer samba samba-signed)
+target() { # SERVER -> "PORT USER"
+    case $1 in
+        aquifer) echo "$aq_port admin" ;;
+        samba) echo "$sb_port root" ;;
+        samba-signed) echo "$sbs_port root" ;;
+    esac
+}
 for r in $(seq "$reps"); do
-    for server in aquifer samba samba-signed; do
-        case $server in
-            aquifer) port=$aq_port; user=admin ;;
-            samba) port=$sb_port; user=root ;;
-            samba-signed) port=$sbs_port; user=root ;;
-        esac
+    k=$(( (r - 1) % ${#servers[@]} ))
+    order=("${servers[@]:k}" "${servers[@]:0:k}")
+    for server in "${order[@]}"; do
+        read -r port user <<< "$(target "$server")"
         drop_caches
         res[$server.put]+="$(timed smb "$port" "$user" "put $work/big big$r") "
         drop_caches
@@ -88,22 +95,33 @@ for r in $(seq "$reps"); do
         cmp -s "$work/big" "$work/back" || { echo "$server: get returned different bytes" >&2; exit 1; }
         rm -f "$work/back"
         smb "$port" "$user" "rm big$r"
+    done
+    for server in "${order[@]}"; do
+        read -r port user <<< "$(target "$server")"
         res[$server.create]+="$(timed smb "$port" "$user" "$creates") "
         smb "$port" "$user" "deltree many"
-        echo "$server rep $r done" >&2
     done
+    echo "round $r ($(IFS=,; echo "${order[*]}")): put ${res[aquifer.put]}/ ${res[samba.put]}/ ${res[samba-signed.put]}; get ${res[aquifer.get]}/ ${res[samba.get]}/ ${res[samba-signed.get]}; create ${res[aquifer.create]}/ ${res[samba.create]}/ ${res[samba-signed.create]} s" >&2
 done
 
-med() { tr ' ' '\n' <<< "${res[$1]}" | grep . | median; }
-echo "| operation | Aquifer (signed) | Samba smbd (default) | Samba smbd (signing mandatory) | Aquifer / Samba | Aquifer / Samba signed |"
+# row LABEL OP AMOUNT: values are AMOUNT / seconds (medians); a round's ratio is the peer's
+# seconds over Aquifer's, and the table gives the median of the rounds' ratios.
+row() {
+    python3 - "$@" "${res[aquifer.$2]}" "${res[samba.$2]}" "${res[samba-signed.$2]}" <<'PY'
+import statistics as st, sys
+label, op, amount, a, s, ss = sys.argv[1:]
+amount = float(amount)
+a, s, ss = ([float(x) for x in v.split()] for v in (a, s, ss))
+def cell(peer):
+    r = [p / x for x, p in zip(a, peer)]
+    return f"{st.median(r):.2f}× ({min(r):.2f}–{max(r):.2f})"
+print(f"| {label} | {amount / st.median(a):.0f} | {amount / st.median(s):.0f} | {amount / st.median(ss):.0f} | {cell(s)} | {cell(ss)} |")
+PY
+}
+echo "| operation | Aquifer (signed) | Samba smbd (default) | Samba smbd (signing mandatory) | Aquifer / Samba (rounds) | Aquifer / Samba signed (rounds) |"
 echo "|---|--:|--:|--:|--:|--:|"
-for op in put get; do
-    a=$(med aquifer.$op); s=$(med samba.$op); ss=$(med samba-signed.$op)
-    printf '| %s %d MiB (MiB/s) | %.0f | %.0f | %.0f | %.2f× | %.2f× |\n' "$op" "$size_mib" "$(bc -l <<< "$size_mib / $a")" \
-        "$(bc -l <<< "$size_mib / $s")" "$(bc -l <<< "$size_mib / $ss")" "$(bc -l <<< "$s / $a")" "$(bc -l <<< "$ss / $a")"
-done
-a=$(med aquifer.create); s=$(med samba.create); ss=$(med samba-signed.create)
-printf '| create %d × 4 KiB, one session (files/s) | %.0f | %.0f | %.0f | %.2f× | %.2f× |\n' "$nfiles" "$(bc -l <<< "$nfiles / $a")" \
-    "$(bc -l <<< "$nfiles / $s")" "$(bc -l <<< "$nfiles / $ss")" "$(bc -l <<< "$s / $a")" "$(bc -l <<< "$ss / $a")"
+row "put $size_mib MiB (MiB/s)" put "$size_mib"
+row "get $size_mib MiB (MiB/s)" get "$size_mib"
+row "create $nfiles × 4 KiB, one session (files/s)" create "$nfiles"
 echo
-echo "Medians of $reps runs; encryption $([[ $encrypt == 1 ]] && echo on || echo off); $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)."
+echo "Medians of $reps rounds (ratios: median of the rounds' own ratios, with their range); encryption $([[ $encrypt == 1 ]] && echo on || echo off); $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)."
