@@ -1026,6 +1026,37 @@ impl Engine {
         Ok(out)
     }
 
+    /// `read` for callers on an event loop, of a file whose bytes lie in the metadata store
+    /// (a small file): the inode, the caller's permission and the bytes, each one metadata
+    /// read, taking no lock. None, with nothing done, when the read could wait: the file's
+    /// bytes are on the drives, it has a write buffer (whose flush a read waits for), or it is
+    /// a portal mirror (whose bytes may come from the hub). A write that lands meanwhile is
+    /// not seen, as by a read that came before it.
+    pub fn try_read_inline(&self, caller: &Caller, ino: Ino, offset: u64, len: usize) -> Option<Result<Vec<u8>>> {
+        let rec = match self.load(ino) {
+            Ok(rec) => rec,
+            Err(e) => return Some(Err(e)),
+        };
+        if rec.kind != FileKind::File || rec.storage != Storage::Inline || self.buffer_of(ino).is_some() {
+            return None;
+        }
+        if !caller.is_portal() {
+            match self.remote_stub(ino) {
+                Ok(Some(_)) => return None,
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        if let Err(e) = check(caller, &rec, R) {
+            return Some(Err(e));
+        }
+        if offset >= rec.size || len == 0 {
+            return Some(Ok(Vec::new()));
+        }
+        let end = rec.size.min(offset.saturating_add(len as u64));
+        Some(self.read_committed_chunks(ino, &rec, offset, (end - offset) as usize, usize::MAX).map(|mut c| c.pop().unwrap_or_default()))
+    }
+
     /// Extents of `ino` overlapping [from, to), in offset order.
     pub(crate) fn extents_overlapping(&self, ino: Ino, from: u64, to: u64) -> Result<Vec<(u64, ExtentRec)>> {
         let cf = self.cf(CF_EXTENTS);

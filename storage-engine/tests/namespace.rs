@@ -362,6 +362,33 @@ fn holds_mirrors_from_the_first_stub_on_and_after_a_restart() {
     assert_eq!(e.remote_stub(d.ino).unwrap().map(|s| s.hub_ino), Some(7));
 }
 
+/// The event-loop read of a small file answers what `read` answers, and declines (None)
+/// whenever a read could wait: bytes still in a write buffer, or bytes on the drives.
+#[test]
+fn try_read_inline_answers_as_read_or_declines() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let small = bytes(11, 4096);
+    let f = e.create(&c, ROOT_INO, b"small", 0o600, true).unwrap();
+    e.write(&c, f.ino, 0, &small, Stability::Unstable).unwrap();
+    assert!(e.try_read_inline(&c, f.ino, 0, 4096).is_none(), "bytes in the write buffer: declined");
+    e.close(&c, f.ino).unwrap();
+    assert_eq!(e.try_read_inline(&c, f.ino, 0, 1 << 20).expect("a small file: answered here").unwrap(), small);
+    assert_eq!(e.try_read_inline(&c, f.ino, 100, 50).unwrap().unwrap(), &small[100..150]);
+    assert_eq!(e.try_read_inline(&c, f.ino, 4000, 500).unwrap().unwrap(), &small[4000..]);
+    assert!(e.try_read_inline(&c, f.ino, 4096, 10).unwrap().unwrap().is_empty(), "at the end of the file");
+    assert!(matches!(e.try_read_inline(&Caller::anonymous(), f.ino, 0, 10).unwrap(), Err(Error::PermissionDenied)), "mode 0600");
+    let d = e.mkdir(&c, ROOT_INO, b"d", 0o755).unwrap();
+    assert!(e.try_read_inline(&c, d.ino, 0, 10).is_none(), "a directory: left to read, which refuses it");
+    assert!(matches!(e.try_read_inline(&c, 999_999, 0, 10).unwrap(), Err(Error::NotFound)));
+    let large = bytes(12, 3 << 20);
+    let g = e.create(&c, ROOT_INO, b"large", 0o644, true).unwrap();
+    e.write(&c, g.ino, 0, &large, Stability::Durable).unwrap();
+    assert!(e.try_read_inline(&c, g.ino, 0, 4096).is_none(), "bytes on the drives: declined");
+    assert_eq!(e.read(&c, g.ino, 0, 4096).unwrap(), &large[..4096]);
+}
+
 /// The event-loop lookup answers what `lookup` answers for local entries, permission
 /// checks and errors included.
 #[test]

@@ -116,6 +116,20 @@ impl AquiferS3 {
         AquiferS3 { engine, lifecycle_changed: Arc::new(tokio::sync::Notify::new()) }
     }
 
+    /// The body of a GET of `[start, end)` of `ino`. A small object's bytes, which lie in the
+    /// metadata store, are read where the request is served while no inode is a portal mirror
+    /// (`Engine::try_read_inline`); other objects stream from the drives through the blocking
+    /// pool (`read_stream`).
+    fn object_body(&self, caller: Caller, ino: Ino, start: u64, end: u64) -> StreamingBlob {
+        if !self.engine.holds_mirrors()
+            && let Some(Ok(bytes)) = self.engine.try_read_inline(&caller, ino, start, (end - start) as usize)
+            && bytes.len() as u64 == end - start
+        {
+            return StreamingBlob::from(s3s::Body::from(Bytes::from(bytes)));
+        }
+        read_stream(self.engine.clone(), caller, ino, start, end)
+    }
+
     /// Notifies `changed` whenever a bucket's lifecycle configuration is put.
     pub fn with_lifecycle_notify(mut self, changed: Arc<tokio::sync::Notify>) -> AquiferS3 {
         self.lifecycle_changed = changed;
@@ -1092,8 +1106,10 @@ struct ObjectView {
 }
 
 /// Looks up an object (or a `prefix/` directory, shown as an empty object) for GET/HEAD:
-/// the current version, or version `version`.
-fn view_object(engine: &Engine, caller: &Caller, bucket: &str, key: &str, version: Option<&str>) -> S3Result<ObjectView> {
+/// the current version, or version `version`. With `in_place` (where the request is served,
+/// metadata reads only), `None` when the object's ETag is not stored and would have to be
+/// computed from its bytes.
+fn view_object(engine: &Engine, caller: &Caller, bucket: &str, key: &str, version: Option<&str>, in_place: bool) -> S3Result<Option<ObjectView>> {
     let b = bucket_attr(engine, caller, bucket)?;
     match parse_key(key)? {
         KeyForm::Dir(path) => {
@@ -1101,7 +1117,7 @@ fn view_object(engine: &Engine, caller: &Caller, bucket: &str, key: &str, versio
                 return Err(err(S3ErrorCode::NoSuchVersion, "a key ending in '/' names a directory, whose only version is null"));
             }
             let attr = dir_attr(engine, caller, b.ino, path)?;
-            Ok(ObjectView { etag: hex::encode(Md5::new().finalize()), meta: ObjectMeta::default(), tags: 0, attr: Attr { size: 0, ..attr }, version_id: None })
+            Ok(Some(ObjectView { etag: hex::encode(Md5::new().finalize()), meta: ObjectMeta::default(), tags: 0, attr: Attr { size: 0, ..attr }, version_id: None }))
         }
         KeyForm::Object(k) => {
             let attr = version_attr(engine, caller, b.ino, k, version)?;
@@ -1110,11 +1126,15 @@ fn view_object(engine: &Engine, caller: &Caller, bucket: &str, key: &str, versio
             if engine.access(caller, attr.ino, ACCESS_READ).map_err(|e| map_err(e, Missing::Key))? & ACCESS_READ == 0 {
                 return Err(err(S3ErrorCode::AccessDenied, "the object's mode does not let you read it"));
             }
-            let etag = etag_of(engine, caller, &attr)?;
+            let etag = match stored_etag(engine, caller, &attr) {
+                Some(etag) => etag,
+                None if in_place => return Ok(None),
+                None => etag_of(engine, caller, &attr)?,
+            };
             let meta = load_meta(engine, caller, attr.ino);
             let tags = load_tags(engine, caller, attr.ino).len();
             let version_id = reported_version(engine, b.ino, attr.ino)?;
-            Ok(ObjectView { attr, etag, meta, tags, version_id })
+            Ok(Some(ObjectView { attr, etag, meta, tags, version_id }))
         }
     }
 }
@@ -1207,8 +1227,16 @@ async fn select_object(engine: &Arc<Engine>, caller: &Caller, asked: ObjectAsked
     if asked.part_number.is_some() && asked.range.is_some() {
         return Err(err(S3ErrorCode::InvalidRequest, "a Range header and partNumber cannot both be given"));
     }
-    let (e, c, bucket, key) = (engine.clone(), caller.clone(), asked.bucket.to_string(), asked.key.to_string());
-    let view = blocking(move || view_object(&e, &c, &bucket, &key, vid.as_deref())).await?;
+    // Metadata reads only, while no inode is a portal mirror (whose reads may wait for its
+    // hub): made where the request is served, not in a trip to the blocking pool.
+    let here = if engine.holds_mirrors() { None } else { view_object(engine, caller, asked.bucket, asked.key, vid.as_deref(), true)? };
+    let view = match here {
+        Some(view) => view,
+        None => {
+            let (e, c, bucket, key) = (engine.clone(), caller.clone(), asked.bucket.to_string(), asked.key.to_string());
+            blocking(move || view_object(&e, &c, &bucket, &key, vid.as_deref(), false).and_then(|v| v.ok_or_else(|| internal("no object view from a lookup that may read")))).await?
+        }
+    };
     conds.check(&view.etag, view.attr.mtime_ns, true)?;
     let size = view.attr.size;
     let part = match asked.part_number {
@@ -2058,7 +2086,7 @@ impl S3 for AquiferS3 {
         let asked = ObjectAsked { bucket: &input.bucket, key: &input.key, version_id: input.version_id.as_deref(), part_number: input.part_number, range: input.range.as_ref() };
         let sel = select_object(&self.engine, &caller, asked, conds, req.headers.get(http::header::RANGE)).await?;
         let (view, range) = (sel.view, sel.range);
-        let body = if range.is_empty() { None } else { Some(read_stream(self.engine.clone(), caller, view.attr.ino, range.start, range.end)) };
+        let body = if range.is_empty() { None } else { Some(self.object_body(caller, view.attr.ino, range.start, range.end)) };
         let meta = view.meta;
         let out = GetObjectOutput {
             body,
@@ -2490,7 +2518,7 @@ impl S3 for AquiferS3 {
         let (w_etag, w_size, w_class, w_parts) =
             (want(ObjectAttributes::ETAG), want(ObjectAttributes::OBJECT_SIZE), want(ObjectAttributes::STORAGE_CLASS), want(ObjectAttributes::OBJECT_PARTS));
         let (bucket, key) = (input.bucket, input.key);
-        let view = blocking(move || view_object(&engine, &caller, &bucket, &key, vid.as_deref())).await?;
+        let view = blocking(move || view_object(&engine, &caller, &bucket, &key, vid.as_deref(), false).and_then(|v| v.ok_or_else(|| internal("no object view from a lookup that may read")))).await?;
         Ok(S3Response::new(GetObjectAttributesOutput {
             version_id: view.version_id,
             e_tag: w_etag.then(|| quoted(&view.etag)),
