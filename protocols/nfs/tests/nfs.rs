@@ -402,6 +402,52 @@ async fn export_table_changes_apply_to_mounted_clients() {
     task.await.unwrap().unwrap();
 }
 
+/// READs of a small file (bytes in the metadata store, answered on the event loop): whole,
+/// in part, past the end, refused by the mode, and while an unstable WRITE still holds new
+/// bytes in the write buffer (which the in-place read leaves to a blocking thread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn small_file_reads_answer_bytes_attributes_and_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let c = Caller::system();
+    let f = engine.create(&c, storage_engine::ROOT_INO, b"small", 0o600, true).unwrap();
+    let data = bytes(21, 5000);
+    engine.write(&c, f.ino, 0, &data, Stability::Durable).unwrap();
+    let server = Server::start(engine.clone(), vec![export("/")]).await;
+    let root = mount_root(server.addr, "/").await;
+    let mut nfs = client(server.addr).await;
+    let fh = nfs
+        .lookup(&LOOKUP3args { what: diropargs3 { dir: root, name: filename3(Opaque::owned(b"small".to_vec())) } })
+        .await
+        .unwrap()
+        .unwrap()
+        .object;
+    let read = |off: u64, count: u32| READ3args { file: fh.clone(), offset: off, count };
+    let r = nfs.read(&read(0, 65536)).await.unwrap().unwrap();
+    assert!(r.eof && r.data.as_ref() == data.as_slice(), "the whole file at once");
+    let Nfs3Option::Some(attr) = r.file_attributes else { panic!("READ without attributes") };
+    assert_eq!(attr.size, 5000);
+    let r = nfs.read(&read(1000, 100)).await.unwrap().unwrap();
+    assert!(!r.eof && r.data.as_ref() == &data[1000..1100], "a part");
+    let r = nfs.read(&read(4990, 100)).await.unwrap().unwrap();
+    assert!(r.eof && r.data.as_ref() == &data[4990..], "the tail");
+    let r = nfs.read(&read(6000, 100)).await.unwrap().unwrap();
+    assert!(r.eof && r.data.is_empty(), "past the end");
+    // An unstable WRITE leaves its bytes in the write buffer until COMMIT: a READ sees them.
+    let patch = bytes(22, 300);
+    let w = nfs.write(&WRITE3args { file: fh.clone(), offset: 100, count: 300, stable: stable_how::UNSTABLE, data: Opaque::owned(patch.clone()) }).await.unwrap();
+    assert!(matches!(w, Nfs3Result::Ok(_)), "unstable WRITE");
+    let r = nfs.read(&read(0, 65536)).await.unwrap().unwrap();
+    let mut expect = data.clone();
+    expect[100..400].copy_from_slice(&patch);
+    assert!(r.data.as_ref() == expect.as_slice(), "a READ sees the buffered bytes");
+    // Another user is refused by the mode (0600, owned by root).
+    let s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut other = nfs3_client::Nfs3Client::new_with_auth(TokioIo::new(s), cred(4242), opaque_auth::default());
+    let r = other.read(&read(0, 100)).await.unwrap();
+    assert!(matches!(r, Nfs3Result::Err((nfsstat3::NFS3ERR_ACCES, _))), "mode 0600 refuses another user");
+}
+
 /// Sequential READs are served from windows read ahead; a change to the file between READs
 /// (here through the engine, as another protocol would) is seen by the next READ.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
