@@ -1030,8 +1030,10 @@ impl Engine {
     /// (a small file): the inode, the caller's permission and the bytes, each one metadata
     /// read, taking no lock. None, with nothing done, when the read could wait: the file's
     /// bytes are on the drives, it has a write buffer (whose flush a read waits for), or it is
-    /// a portal mirror (whose bytes may come from the hub). A write that lands meanwhile is
-    /// not seen, as by a read that came before it.
+    /// a portal mirror (whose bytes may come from the hub). The inode is read again after
+    /// the bytes: if its data changed meanwhile (size, mtime, generation, storage), or it is
+    /// gone, the read declines too, so that bytes of one state are never answered under the
+    /// attributes of another.
     pub fn try_read_inline(&self, caller: &Caller, ino: Ino, offset: u64, len: usize) -> Option<Result<Vec<u8>>> {
         let rec = match self.load(ino) {
             Ok(rec) => rec,
@@ -1054,7 +1056,15 @@ impl Engine {
             return Some(Ok(Vec::new()));
         }
         let end = rec.size.min(offset.saturating_add(len as u64));
-        Some(self.read_committed_chunks(ino, &rec, offset, (end - offset) as usize, usize::MAX).map(|mut c| c.pop().unwrap_or_default()))
+        let data = match self.read_committed_chunks(ino, &rec, offset, (end - offset) as usize, usize::MAX) {
+            Ok(mut c) => c.pop().unwrap_or_default(),
+            Err(e) => return Some(Err(e)),
+        };
+        let same = |r: &InodeRec| (r.size, r.mtime_ns, r.generation, r.storage) == (rec.size, rec.mtime_ns, rec.generation, rec.storage);
+        match self.load(ino) {
+            Ok(now) if same(&now) => Some(Ok(data)),
+            _ => None,
+        }
     }
 
     /// Extents of `ino` overlapping [from, to), in offset order.
