@@ -709,6 +709,19 @@ impl EngineHandle {
         }
         f(&self.engine, &self.caller, self.ino).map_err(smb_error)
     }
+
+    /// `Engine::read` of `len` bytes at `offset`: a small file's bytes in the metadata store
+    /// are read where the request is served while no portal mirror exists
+    /// (`Engine::try_read_inline`, which declines, with nothing done, whatever could wait);
+    /// otherwise on the blocking pool.
+    async fn read_bytes(&self, offset: u64, len: usize) -> SmbResult<Vec<u8>> {
+        if !self.engine.holds_mirrors()
+            && let Some(r) = self.engine.try_read_inline(&self.caller, self.ino, offset, len)
+        {
+            return r.map_err(smb_error);
+        }
+        self.with(move |e, c, ino| e.read(c, ino, offset, len)).await
+    }
 }
 
 #[async_trait]
@@ -729,11 +742,11 @@ impl Handle for EngineHandle {
         // read on its own, leaving the read-ahead to the READs after it.
         let straggler = offset < ra.next && ra.next - offset <= 2 * READ_AHEAD as u64;
         if !sequential && straggler && len > 0 {
-            return Ok(Bytes::from(self.with(move |e, c, ino| e.read(c, ino, offset, len as usize)).await?));
+            return Ok(Bytes::from(self.read_bytes(offset, len as usize).await?));
         }
         if !sequential || len == 0 {
             ra.clear();
-            let out = self.with(move |e, c, ino| e.read(c, ino, offset, len as usize)).await?;
+            let out = self.read_bytes(offset, len as usize).await?;
             ra.next = offset + out.len() as u64;
             return Ok(Bytes::from(out));
         }
@@ -754,7 +767,7 @@ impl Handle for EngineHandle {
         }
         if ra.chunk.is_none() {
             if self.ahead_bytes.load(Ordering::Relaxed) + READ_AHEAD > READ_AHEAD_BUDGET {
-                let out = self.with(move |e, c, ino| e.read(c, ino, offset, len as usize)).await?;
+                let out = self.read_bytes(offset, len as usize).await?;
                 ra.next = offset + out.len() as u64;
                 return Ok(Bytes::from(out));
             }
@@ -1035,6 +1048,32 @@ mod tests {
             ahead: tokio::sync::Mutex::new(ReadAhead::default()),
             ahead_bytes: budget.clone(),
         }
+    }
+
+    /// READs of a small file (bytes in the metadata store, read where the request is
+    /// served) answer what the engine holds: whole, in part, past the end, and the bytes an
+    /// unstable write left in the write buffer (which the in-place read leaves to the
+    /// blocking pool).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn small_file_reads_answer_the_engine_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 64 << 20, 4, 2)).unwrap();
+        let sys = Caller::system();
+        let f = engine.create(&sys, storage_engine::ROOT_INO, b"f", 0o644, true).unwrap();
+        let content: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        engine.write(&sys, f.ino, 0, &content, Stability::Durable).unwrap();
+        let budget = Arc::new(AtomicUsize::new(0));
+        let h = handle(&engine, f.ino, &budget);
+        assert_eq!(engine.try_read_inline(&sys, f.ino, 0, 10).map(|r| r.is_ok()), Some(true), "a small file is read in place");
+        assert_eq!(&h.read(0, 65536).await.unwrap()[..], &content[..]);
+        assert_eq!(&h.read(1000, 100).await.unwrap()[..], &content[1000..1100]);
+        assert_eq!(&h.read(4990, 100).await.unwrap()[..], &content[4990..]);
+        assert!(h.read(6000, 100).await.unwrap().is_empty());
+        engine.write(&sys, f.ino, 100, b"patch", Stability::Unstable).unwrap();
+        assert!(engine.try_read_inline(&sys, f.ino, 0, 10).is_none(), "bytes in the write buffer");
+        let mut expect = content.clone();
+        expect[100..105].copy_from_slice(b"patch");
+        assert_eq!(&h.read(0, 65536).await.unwrap()[..], &expect[..]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
