@@ -710,14 +710,17 @@ impl Engine {
     /// attributes may have to come from the hub, so the caller must use `getattr` on a thread
     /// that may block. Otherwise the metadata lookups `getattr` makes.
     pub fn try_getattr(&self, caller: &Caller, ino: Ino) -> Option<Result<Attr>> {
-        if !caller.is_portal() {
-            match self.remote_stub(ino) {
-                Ok(Some(_)) => return None,
-                Ok(None) => {}
-                Err(e) => return Some(Err(e)),
-            }
+        match self.may_need_hub(caller, ino) {
+            Ok(true) => None,
+            Ok(false) => Some(self.getattr(caller, ino)),
+            Err(e) => Some(Err(e)),
         }
-        Some(self.getattr(caller, ino))
+    }
+
+    /// Whether reading `ino` may have to wait for a hub: it is a portal mirror and `caller`
+    /// is not the portal itself. One metadata read, none while the engine holds no mirror.
+    fn may_need_hub(&self, caller: &Caller, ino: Ino) -> Result<bool> {
+        Ok(!caller.is_portal() && self.remote_stub(ino)?.is_some())
     }
 
     pub fn getattr(&self, caller: &Caller, ino: Ino) -> Result<Attr> {
@@ -1027,14 +1030,15 @@ impl Engine {
     }
 
     /// `read` for callers on an event loop, of a file whose bytes lie in the metadata store
-    /// (a small file): the inode, the caller's permission and the bytes, each one metadata
-    /// read, taking no lock. None, with nothing done, when the read could wait: the file's
-    /// bytes are on the drives, it has a write buffer (whose flush a read waits for), or it is
-    /// a portal mirror (whose bytes may come from the hub). The inode is read again after
-    /// the bytes: if its data changed meanwhile (size, mtime, generation, storage), or it is
-    /// gone, the read declines too, so that bytes of one state are never answered under the
-    /// attributes of another.
-    pub fn try_read_inline(&self, caller: &Caller, ino: Ino, offset: u64, len: usize) -> Option<Result<Vec<u8>>> {
+    /// (a small file), with the file's attributes after it: the inode, the caller's
+    /// permission and the bytes, each one metadata read, taking no lock. None, with nothing
+    /// done, when the read could wait: the file's bytes are on the drives, it has a write
+    /// buffer (whose flush a read waits for), or it is a portal mirror (whose bytes may come
+    /// from the hub). The inode is read again after the bytes, and gives the attributes: if
+    /// its data changed meanwhile (size, mtime, generation, storage), or it is gone, the read
+    /// declines too, so that bytes of one state are never answered under the attributes of
+    /// another.
+    pub fn try_read_inline(&self, caller: &Caller, ino: Ino, offset: u64, len: usize) -> Option<Result<(Vec<u8>, Attr)>> {
         let rec = match self.load(ino) {
             Ok(rec) => rec,
             Err(e) => return Some(Err(e)),
@@ -1042,27 +1046,26 @@ impl Engine {
         if rec.kind != FileKind::File || rec.storage != Storage::Inline || self.buffer_of(ino).is_some() {
             return None;
         }
-        if !caller.is_portal() {
-            match self.remote_stub(ino) {
-                Ok(Some(_)) => return None,
-                Ok(None) => {}
-                Err(e) => return Some(Err(e)),
-            }
+        match self.may_need_hub(caller, ino) {
+            Ok(true) => return None,
+            Ok(false) => {}
+            Err(e) => return Some(Err(e)),
         }
         if let Err(e) = check(caller, &rec, R) {
             return Some(Err(e));
         }
-        if offset >= rec.size || len == 0 {
-            return Some(Ok(Vec::new()));
-        }
         let end = rec.size.min(offset.saturating_add(len as u64));
-        let data = match self.read_committed_chunks(ino, &rec, offset, (end - offset) as usize, usize::MAX) {
-            Ok(mut c) => c.pop().unwrap_or_default(),
-            Err(e) => return Some(Err(e)),
+        let data = if offset >= end {
+            Vec::new()
+        } else {
+            match self.read_committed_chunks(ino, &rec, offset, (end - offset) as usize, usize::MAX) {
+                Ok(mut c) => c.pop().unwrap_or_default(),
+                Err(e) => return Some(Err(e)),
+            }
         };
         let same = |r: &InodeRec| (r.size, r.mtime_ns, r.generation, r.storage) == (rec.size, rec.mtime_ns, rec.generation, rec.storage);
         match self.load(ino) {
-            Ok(now) if same(&now) => Some(Ok(data)),
+            Ok(now) if same(&now) => Some(Ok((data, self.overlay_attr(ino, &now)))),
             _ => None,
         }
     }

@@ -362,8 +362,9 @@ fn holds_mirrors_from_the_first_stub_on_and_after_a_restart() {
     assert_eq!(e.remote_stub(d.ino).unwrap().map(|s| s.hub_ino), Some(7));
 }
 
-/// The event-loop read of a small file answers what `read` answers, and declines (None)
-/// whenever a read could wait: bytes still in a write buffer, or bytes on the drives.
+/// The event-loop read of a small file answers what `read` and `getattr` answer, and
+/// declines (None) whenever a read could wait: bytes still in a write buffer, bytes on the
+/// drives, or a portal mirror read by anyone but the portal.
 #[test]
 fn try_read_inline_answers_as_read_or_declines() {
     let dir = tempfile::tempdir().unwrap();
@@ -374,19 +375,29 @@ fn try_read_inline_answers_as_read_or_declines() {
     e.write(&c, f.ino, 0, &small, Stability::Unstable).unwrap();
     assert!(e.try_read_inline(&c, f.ino, 0, 4096).is_none(), "bytes in the write buffer: declined");
     e.close(&c, f.ino).unwrap();
-    assert_eq!(e.try_read_inline(&c, f.ino, 0, 1 << 20).expect("a small file: answered here").unwrap(), small);
-    assert_eq!(e.try_read_inline(&c, f.ino, 100, 50).unwrap().unwrap(), &small[100..150]);
-    assert_eq!(e.try_read_inline(&c, f.ino, 4000, 500).unwrap().unwrap(), &small[4000..]);
-    assert!(e.try_read_inline(&c, f.ino, 4096, 10).unwrap().unwrap().is_empty(), "at the end of the file");
-    assert!(matches!(e.try_read_inline(&Caller::anonymous(), f.ino, 0, 10).unwrap(), Err(Error::PermissionDenied)), "mode 0600");
+    let read = |caller: &Caller, ino: Ino, off: u64, len: usize| e.try_read_inline(caller, ino, off, len).map(|r| r.map(|(data, _)| data));
+    let (data, attr) = e.try_read_inline(&c, f.ino, 0, 1 << 20).expect("a small file: answered here").unwrap();
+    assert_eq!(data, small);
+    let now = e.getattr(&c, f.ino).unwrap();
+    assert_eq!((attr.ino, attr.size, attr.mtime_ns, attr.mode), (now.ino, now.size, now.mtime_ns, now.mode), "the attributes getattr gives");
+    assert_eq!(read(&c, f.ino, 100, 50).unwrap().unwrap(), &small[100..150]);
+    assert_eq!(read(&c, f.ino, 4000, 500).unwrap().unwrap(), &small[4000..]);
+    assert!(read(&c, f.ino, 4096, 10).unwrap().unwrap().is_empty(), "at the end of the file");
+    assert!(read(&c, f.ino, 0, 0).unwrap().unwrap().is_empty(), "nothing asked");
+    assert!(matches!(read(&Caller::anonymous(), f.ino, 0, 10).unwrap(), Err(Error::PermissionDenied)), "mode 0600");
     let d = e.mkdir(&c, ROOT_INO, b"d", 0o755).unwrap();
-    assert!(e.try_read_inline(&c, d.ino, 0, 10).is_none(), "a directory: left to read, which refuses it");
-    assert!(matches!(e.try_read_inline(&c, 999_999, 0, 10).unwrap(), Err(Error::NotFound)));
+    assert!(read(&c, d.ino, 0, 10).is_none(), "a directory: left to read, which refuses it");
+    assert!(matches!(read(&c, 999_999, 0, 10).unwrap(), Err(Error::NotFound)));
     let large = bytes(12, 3 << 20);
     let g = e.create(&c, ROOT_INO, b"large", 0o644, true).unwrap();
     e.write(&c, g.ino, 0, &large, Stability::Durable).unwrap();
-    assert!(e.try_read_inline(&c, g.ino, 0, 4096).is_none(), "bytes on the drives: declined");
+    assert!(read(&c, g.ino, 0, 4096).is_none(), "bytes on the drives: declined");
     assert_eq!(e.read(&c, g.ino, 0, 4096).unwrap(), &large[..4096]);
+    // A mirror: the portal reads it here, everyone else is sent where a hub may be asked.
+    let stub = RemoteStub { portal: "p".into(), hub_ino: 9, hub_version: 1, path: Vec::new(), listed: false, cache_ino: 0, present: Vec::new() };
+    e.remote_stub_put(&Caller::portal(), f.ino, &stub).unwrap();
+    assert!(read(&c, f.ino, 0, 10).is_none(), "a portal mirror: declined");
+    assert_eq!(read(&Caller::portal(), f.ino, 0, 10).unwrap().unwrap(), &small[..10]);
 }
 
 /// The event-loop lookup answers what `lookup` answers for local entries, permission

@@ -464,11 +464,7 @@ async fn read(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
         // A small file's bytes in the metadata store, with no write buffer and no portal
         // mirror in the way: read here, with the attributes after it, without a trip to a
         // blocking thread (`try_read_inline` declines, with nothing done, what could wait).
-        None if let Some(Ok(data)) = engine.try_read_inline(&caller, ino, off, count)
-            && let Some(after) = engine.try_getattr(&caller, ino) =>
-        {
-            after.map(|after| (data.into(), after))
-        }
+        None if let Some(r) = engine.try_read_inline(&caller, ino, off, count) => r.map(|(data, after)| (data.into(), after)),
         None => {
             blocking(move || {
                 let data = if count == 0 { Vec::new() } else { engine.read(&caller, ino, off, count)? };

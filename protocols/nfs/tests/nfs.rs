@@ -402,26 +402,33 @@ async fn export_table_changes_apply_to_mounted_clients() {
     task.await.unwrap().unwrap();
 }
 
+/// A file `name` of `mode` holding `data` (written durably through the engine), served over
+/// NFS from the export `/`: the engine, the file, the server, a client and the file's handle.
+async fn serve_file(
+    dir: &Path,
+    name: &[u8],
+    mode: u32,
+    data: &[u8],
+) -> (Arc<Engine>, storage_engine::Attr, Server, nfs3_client::Nfs3Client<TokioIo<tokio::net::TcpStream>>, nfs_fh3) {
+    let engine = Engine::open(config(dir)).unwrap();
+    let c = Caller::system();
+    let f = engine.create(&c, storage_engine::ROOT_INO, name, mode, true).unwrap();
+    engine.write(&c, f.ino, 0, data, Stability::Durable).unwrap();
+    let server = Server::start(engine.clone(), vec![export("/")]).await;
+    let root = mount_root(server.addr, "/").await;
+    let mut nfs = client(server.addr).await;
+    let fh = nfs.lookup(&LOOKUP3args { what: diropargs3 { dir: root, name: filename3(Opaque::owned(name.to_vec())) } }).await.unwrap().unwrap().object;
+    (engine, f, server, nfs, fh)
+}
+
 /// READs of a small file (bytes in the metadata store, answered on the event loop): whole,
 /// in part, past the end, refused by the mode, and while an unstable WRITE still holds new
 /// bytes in the write buffer (which the in-place read leaves to a blocking thread).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn small_file_reads_answer_bytes_attributes_and_refusals() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(config(dir.path())).unwrap();
-    let c = Caller::system();
-    let f = engine.create(&c, storage_engine::ROOT_INO, b"small", 0o600, true).unwrap();
     let data = bytes(21, 5000);
-    engine.write(&c, f.ino, 0, &data, Stability::Durable).unwrap();
-    let server = Server::start(engine.clone(), vec![export("/")]).await;
-    let root = mount_root(server.addr, "/").await;
-    let mut nfs = client(server.addr).await;
-    let fh = nfs
-        .lookup(&LOOKUP3args { what: diropargs3 { dir: root, name: filename3(Opaque::owned(b"small".to_vec())) } })
-        .await
-        .unwrap()
-        .unwrap()
-        .object;
+    let (_engine, _f, server, mut nfs, fh) = serve_file(dir.path(), b"small", 0o600, &data).await;
     let read = |off: u64, count: u32| READ3args { file: fh.clone(), offset: off, count };
     let r = nfs.read(&read(0, 65536)).await.unwrap().unwrap();
     assert!(r.eof && r.data.as_ref() == data.as_slice(), "the whole file at once");
@@ -453,20 +460,9 @@ async fn small_file_reads_answer_bytes_attributes_and_refusals() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sequential_reads_read_ahead_and_see_changes() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(config(dir.path())).unwrap();
-    let c = Caller::system();
-    let f = engine.create(&c, storage_engine::ROOT_INO, b"seq", 0o644, true).unwrap();
     let data = bytes(11, 9 * 1024 * 1024 + 333);
-    engine.write(&c, f.ino, 0, &data, Stability::Durable).unwrap();
-    let server = Server::start(engine.clone(), vec![export("/")]).await;
-    let root = mount_root(server.addr, "/").await;
-    let mut nfs = client(server.addr).await;
-    let fh = nfs
-        .lookup(&LOOKUP3args { what: diropargs3 { dir: root, name: filename3(Opaque::owned(b"seq".to_vec())) } })
-        .await
-        .unwrap()
-        .unwrap()
-        .object;
+    let (engine, f, server, mut nfs, fh) = serve_file(dir.path(), b"seq", 0o644, &data).await;
+    let c = Caller::system();
     let step = 256 * 1024;
     let mut got = Vec::new();
     let mut changed = data.clone();

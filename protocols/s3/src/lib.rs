@@ -3,10 +3,11 @@
 //! (headers, presigned URLs, streaming chunks); this crate maps each operation onto the
 //! storage engine, whose blocking API it calls through `spawn_blocking`. The exceptions are
 //! the few metadata reads of authenticating and authorising a request (the access key, the
-//! bucket's policy and ACL) and of looking up the object of a GET or HEAD, and the bytes of
-//! a small object that lie in the metadata store, made where the request is served while no
-//! portal mirror could send one of them to a hub (`Engine::holds_mirrors`): for small
-//! requests the trip to the blocking pool cost more than the reads.
+//! bucket's policy and ACL) and of looking up the object of a GET or HEAD, made where the
+//! request is served while no portal mirror could send one of them to a hub
+//! (`Engine::holds_mirrors`), and the bytes of a small object that lie in the metadata store
+//! (`Engine::try_read_inline`, which declines mirrors itself): for small requests the trip
+//! to the blocking pool cost more than the reads.
 //!
 //! Authentication: an access key is looked up with `Engine::s3_credentials` and the request
 //! runs as that key's user, so the engine checks every permission. A bucket policy (see

@@ -117,12 +117,11 @@ impl AquiferS3 {
     }
 
     /// The body of a GET of `[start, end)` of `ino`. A small object's bytes, which lie in the
-    /// metadata store, are read where the request is served while no inode is a portal mirror
-    /// (`Engine::try_read_inline`); other objects stream from the drives through the blocking
-    /// pool (`read_stream`).
+    /// metadata store, are read where the request is served (`Engine::try_read_inline`, which
+    /// declines portal mirrors and whatever else could wait); other objects stream from the
+    /// drives through the blocking pool (`read_stream`).
     fn object_body(&self, caller: Caller, ino: Ino, start: u64, end: u64) -> StreamingBlob {
-        if !self.engine.holds_mirrors()
-            && let Some(Ok(bytes)) = self.engine.try_read_inline(&caller, ino, start, (end - start) as usize)
+        if let Some(Ok((bytes, _))) = self.engine.try_read_inline(&caller, ino, start, (end - start) as usize)
             && bytes.len() as u64 == end - start
         {
             return StreamingBlob::from(s3s::Body::from(Bytes::from(bytes)));
@@ -1105,6 +1104,12 @@ struct ObjectView {
     version_id: Option<String>,
 }
 
+/// `view_object` on the blocking pool, where it may read the object's bytes for its ETag.
+async fn view_object_blocking(engine: &Arc<Engine>, caller: &Caller, bucket: &str, key: &str, version: Option<String>) -> S3Result<ObjectView> {
+    let (e, c, bucket, key) = (engine.clone(), caller.clone(), bucket.to_string(), key.to_string());
+    blocking(move || view_object(&e, &c, &bucket, &key, version.as_deref(), false)?.ok_or_else(|| internal("no object view from a lookup that may read"))).await
+}
+
 /// Looks up an object (or a `prefix/` directory, shown as an empty object) for GET/HEAD:
 /// the current version, or version `version`. With `in_place` (where the request is served,
 /// metadata reads only), `None` when the object's ETag is not stored and would have to be
@@ -1232,10 +1237,7 @@ async fn select_object(engine: &Arc<Engine>, caller: &Caller, asked: ObjectAsked
     let here = if engine.holds_mirrors() { None } else { view_object(engine, caller, asked.bucket, asked.key, vid.as_deref(), true)? };
     let view = match here {
         Some(view) => view,
-        None => {
-            let (e, c, bucket, key) = (engine.clone(), caller.clone(), asked.bucket.to_string(), asked.key.to_string());
-            blocking(move || view_object(&e, &c, &bucket, &key, vid.as_deref(), false).and_then(|v| v.ok_or_else(|| internal("no object view from a lookup that may read")))).await?
-        }
+        None => view_object_blocking(engine, caller, asked.bucket, asked.key, vid).await?,
     };
     conds.check(&view.etag, view.attr.mtime_ns, true)?;
     let size = view.attr.size;
@@ -2518,7 +2520,7 @@ impl S3 for AquiferS3 {
         let (w_etag, w_size, w_class, w_parts) =
             (want(ObjectAttributes::ETAG), want(ObjectAttributes::OBJECT_SIZE), want(ObjectAttributes::STORAGE_CLASS), want(ObjectAttributes::OBJECT_PARTS));
         let (bucket, key) = (input.bucket, input.key);
-        let view = blocking(move || view_object(&engine, &caller, &bucket, &key, vid.as_deref(), false).and_then(|v| v.ok_or_else(|| internal("no object view from a lookup that may read")))).await?;
+        let view = view_object_blocking(&engine, &caller, &bucket, &key, vid).await?;
         Ok(S3Response::new(GetObjectAttributesOutput {
             version_id: view.version_id,
             e_tag: w_etag.then(|| quoted(&view.etag)),

@@ -711,14 +711,12 @@ impl EngineHandle {
     }
 
     /// `Engine::read` of `len` bytes at `offset`: a small file's bytes in the metadata store
-    /// are read where the request is served while no portal mirror exists
-    /// (`Engine::try_read_inline`, which declines, with nothing done, whatever could wait);
-    /// otherwise on the blocking pool.
+    /// are read where the request is served (`Engine::try_read_inline`, which declines, with
+    /// nothing done, portal mirrors and whatever else could wait); otherwise on the blocking
+    /// pool.
     async fn read_bytes(&self, offset: u64, len: usize) -> SmbResult<Vec<u8>> {
-        if !self.engine.holds_mirrors()
-            && let Some(r) = self.engine.try_read_inline(&self.caller, self.ino, offset, len)
-        {
-            return r.map_err(smb_error);
+        if let Some(r) = self.engine.try_read_inline(&self.caller, self.ino, offset, len) {
+            return r.map(|(data, _)| data).map_err(smb_error);
         }
         self.with(move |e, c, ino| e.read(c, ino, offset, len)).await
     }
@@ -1035,6 +1033,15 @@ mod tests {
         assert_eq!(open("d/sub", OpenIntent::OpenOrCreate, true, false).unwrap().map(|(_, a)| a), Some(OpenAction::Created));
     }
 
+    /// An engine on file drives in `dir` holding one file, `/f`, with `content` written durably.
+    fn engine_with_file(dir: &std::path::Path, content: &[u8]) -> (Arc<Engine>, Ino) {
+        let engine = Engine::open(storage_engine::EngineConfig::with_file_drives(dir, 6, 64 << 20, 4, 2)).unwrap();
+        let sys = Caller::system();
+        let f = engine.create(&sys, storage_engine::ROOT_INO, b"f", 0o644, true).unwrap();
+        engine.write(&sys, f.ino, 0, content, Stability::Durable).unwrap();
+        (engine, f.ino)
+    }
+
     fn handle(engine: &Arc<Engine>, ino: Ino, budget: &Arc<AtomicUsize>) -> EngineHandle {
         EngineHandle {
             engine: engine.clone(),
@@ -1057,20 +1064,18 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn small_file_reads_answer_the_engine_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let engine = Engine::open(storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 64 << 20, 4, 2)).unwrap();
-        let sys = Caller::system();
-        let f = engine.create(&sys, storage_engine::ROOT_INO, b"f", 0o644, true).unwrap();
         let content: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
-        engine.write(&sys, f.ino, 0, &content, Stability::Durable).unwrap();
+        let (engine, ino) = engine_with_file(dir.path(), &content);
+        let sys = Caller::system();
         let budget = Arc::new(AtomicUsize::new(0));
-        let h = handle(&engine, f.ino, &budget);
-        assert_eq!(engine.try_read_inline(&sys, f.ino, 0, 10).map(|r| r.is_ok()), Some(true), "a small file is read in place");
+        let h = handle(&engine, ino, &budget);
+        assert_eq!(engine.try_read_inline(&sys, ino, 0, 10).map(|r| r.is_ok()), Some(true), "a small file is read in place");
         assert_eq!(&h.read(0, 65536).await.unwrap()[..], &content[..]);
         assert_eq!(&h.read(1000, 100).await.unwrap()[..], &content[1000..1100]);
         assert_eq!(&h.read(4990, 100).await.unwrap()[..], &content[4990..]);
         assert!(h.read(6000, 100).await.unwrap().is_empty());
-        engine.write(&sys, f.ino, 100, b"patch", Stability::Unstable).unwrap();
-        assert!(engine.try_read_inline(&sys, f.ino, 0, 10).is_none(), "bytes in the write buffer");
+        engine.write(&sys, ino, 100, b"patch", Stability::Unstable).unwrap();
+        assert!(engine.try_read_inline(&sys, ino, 0, 10).is_none(), "bytes in the write buffer");
         let mut expect = content.clone();
         expect[100..105].copy_from_slice(b"patch");
         assert_eq!(&h.read(0, 65536).await.unwrap()[..], &expect[..]);
@@ -1079,13 +1084,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn read_ahead_serves_sequential_reads_and_never_stale_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let engine = Engine::open(storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 64 << 20, 4, 2)).unwrap();
-        let sys = Caller::system();
-        let f = engine.create(&sys, storage_engine::ROOT_INO, b"f", 0o644, true).unwrap();
         let content: Vec<u8> = (0..(20u32 << 20) + 123).map(|i| (i % 251) as u8).collect();
-        engine.write(&sys, f.ino, 0, &content, Stability::Durable).unwrap();
+        let (engine, ino) = engine_with_file(dir.path(), &content);
+        let sys = Caller::system();
         let budget = Arc::new(AtomicUsize::new(0));
-        let h = handle(&engine, f.ino, &budget);
+        let h = handle(&engine, ino, &budget);
         const MIB: u32 = 1 << 20;
         // Sequential 1 MiB reads to the end, the last one short.
         let mut got = Vec::new();
@@ -1099,10 +1102,10 @@ mod tests {
         assert!(got == content, "sequential reads return the file");
         assert!(budget.load(Ordering::Relaxed) > 0, "read-ahead was used");
         // A change through the engine (any protocol) between two sequential reads is seen.
-        let h2 = handle(&engine, f.ino, &budget);
+        let h2 = handle(&engine, ino, &budget);
         assert_eq!(&h2.read(0, MIB).await.unwrap()[..], &content[..MIB as usize]);
         assert_eq!(&h2.read(u64::from(MIB), MIB).await.unwrap()[..], &content[MIB as usize..2 * MIB as usize]);
-        engine.write(&sys, f.ino, 2 << 20, &[0xAB; 4096], Stability::Unstable).unwrap();
+        engine.write(&sys, ino, 2 << 20, &[0xAB; 4096], Stability::Unstable).unwrap();
         let b = h2.read(2 * u64::from(MIB), MIB).await.unwrap();
         assert_eq!(&b[..4096], &[0xAB; 4096][..], "a buffered write elsewhere is not hidden by read-ahead");
         assert_eq!(&b[4096..], &content[(2 << 20) + 4096..3 << 20]);
@@ -1130,13 +1133,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reads_out_of_order_and_at_once_return_the_file() {
         let dir = tempfile::tempdir().unwrap();
-        let engine = Engine::open(storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 64 << 20, 4, 2)).unwrap();
-        let sys = Caller::system();
-        let f = engine.create(&sys, storage_engine::ROOT_INO, b"f", 0o644, true).unwrap();
         let content: Vec<u8> = (0..(24u32 << 20) + 77).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
-        engine.write(&sys, f.ino, 0, &content, Stability::Durable).unwrap();
+        let (engine, ino) = engine_with_file(dir.path(), &content);
         let budget = Arc::new(AtomicUsize::new(0));
-        let h = Arc::new(handle(&engine, f.ino, &budget));
+        let h = Arc::new(handle(&engine, ino, &budget));
         const MIB: u64 = 1 << 20;
         // Pipelined READs reaching the handle slightly out of order, as a client's concurrent
         // READs can: neighbours swapped, across chunk boundaries too (3/4, 7/8).
