@@ -26,7 +26,7 @@ pub use engine::{Clock, DriveConfig, DriveWrapper, Engine, EngineConfig, Health,
 pub use error::{Error, NameProblem, Result};
 pub use identity::{GroupInfo, NewUser, PASSWORD_BYTES_MIN, S3KeyInfo, TokenInfo, UserInfo, UserUpdate};
 pub use jobs::{JobInfo, JobKind, JobState};
-pub use objects::{LIST_KEYS_MAX, ObjectEntry, ObjectPage, PARTS_MAX, PartInfo, UploadInfo, split_key};
+pub use objects::{LIST_KEYS_MAX, ObjectEntry, ObjectPage, PARTS_MAX, PartInfo, UploadInfo, XATTR_FOLDER_OBJECT, split_key};
 pub use remote::{Mutation, Need, PORTAL_CALLER, RemoteAttr, RemoteSource, RemoteStub, Verdict};
 pub use settings::{AUDIT_PAGE_MAX, AuditRecord, SETTING_KEY_BYTES_MAX, SETTING_VALUE_BYTES_MAX};
 pub use types::*;

@@ -11,9 +11,9 @@ use std::collections::HashSet;
 
 use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions};
 
-use crate::engine::{CF_UPLOADS, Engine, validate_name};
+use crate::engine::{CF_UPLOADS, CF_XATTRS, Engine, validate_name};
 use crate::error::{Error, Result};
-use crate::records::{Dec, Enc};
+use crate::records::{Dec, Enc, xattr_key};
 use crate::types::*;
 use crate::versions::VersionMode;
 
@@ -25,6 +25,11 @@ pub const LIST_KEYS_MAX: usize = 10_000;
 /// up to [`LIST_READ_MAX`], so a small page reads little and a large one few times.
 const LIST_READ_FIRST: usize = 64;
 const LIST_READ_MAX: usize = 4096;
+/// Extended attribute of a directory that is also an object: key `path/` (an S3 "folder
+/// marker"), whose content is the attribute's value (most often empty). Listings show such a
+/// directory as an object of that size with that key, before the keys below it; the
+/// directory itself is the same as any other.
+pub const XATTR_FOLDER_OBJECT: &[u8] = b"aquifer.folder-object";
 
 #[derive(Debug, Clone)]
 pub struct UploadInfo {
@@ -177,7 +182,9 @@ impl Engine {
     }
 
     pub fn multipart_create(&self, caller: &Caller, bucket: Ino, key: &str, meta: Vec<u8>) -> Result<String> {
-        split_key(key)?;
+        // `prefix/` names a folder object (see [`XATTR_FOLDER_OBJECT`]): the protocol completes
+        // its upload itself.
+        split_key(key.strip_suffix('/').unwrap_or(key))?;
         let b = self.getattr(caller, bucket)?;
         if b.kind != FileKind::Dir {
             return Err(Error::NotDir);
@@ -453,6 +460,17 @@ impl Engine {
         self.list_waiting(caller, waiting, path, st)
     }
 
+    /// Whether directory `ino` is also the object `path/` ([`XATTR_FOLDER_OBJECT`]).
+    pub fn is_folder_object(&self, ino: Ino) -> Result<bool> {
+        Ok(self.folder_object_size(ino)?.is_some())
+    }
+
+    /// The size of folder object `ino` (the value of its [`XATTR_FOLDER_OBJECT`]), `None`
+    /// when the directory is no folder object.
+    fn folder_object_size(&self, ino: Ino) -> Result<Option<u64>> {
+        Ok(self.db.get_pinned_cf(self.cf(CF_XATTRS), xattr_key(ino, XATTR_FOLDER_OBJECT))?.map(|v| v.len() as u64))
+    }
+
     /// Lists the directories still waiting, innermost (first in key order) first.
     fn list_waiting(&self, caller: &Caller, mut waiting: Vec<DirEntry>, path: &mut Vec<u8>, st: &mut ListState) -> Result<()> {
         while let Some(d) = waiting.pop() {
@@ -487,10 +505,24 @@ impl Engine {
                 return Ok(());
             }
             if let Some(cp) = st.common_prefix_of(&key) {
-                if self.dir_has_entries(e.ino)? && cp.as_slice() > st.start_after {
+                if cp.as_slice() > st.start_after && (self.dir_has_entries(e.ino)? || self.is_folder_object(e.ino)?) {
                     st.emit_prefix(cp);
                 }
                 return Ok(());
+            }
+            // A folder object's key sorts before every key below it.
+            if key.as_slice() > st.start_after
+                && key.starts_with(st.prefix)
+                && let Some(size) = self.folder_object_size(e.ino)?
+            {
+                match self.getattr(caller, e.ino) {
+                    Ok(attr) => st.emit_object(key, Attr { size, ..attr }),
+                    Err(Error::NotFound) => return Ok(()), // removed while listing
+                    Err(err) => return Err(err),
+                }
+                if st.done {
+                    return Ok(());
+                }
             }
             let saved = path.len();
             path.extend_from_slice(&e.name);

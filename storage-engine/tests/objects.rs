@@ -295,6 +295,34 @@ fn list_objects_matches_a_model_from_any_start_after() {
                 model.insert(key);
             }
         }
+        // Folder objects (`d/`, directories listed as objects), on directories that hold
+        // keys and on new empty ones.
+        let mut folders = 0;
+        while folders < 8 {
+            let depth = 1 + rng(2);
+            let segs: Vec<Vec<u8>> = (0..depth).map(|_| (0..1 + rng(3)).map(|_| ALPHABET[rng(ALPHABET.len())]).collect()).collect();
+            if segs.iter().any(|s| s == b"." || s == b"..") {
+                continue;
+            }
+            let path = segs.join(&b'/');
+            // No file on the way: not the directory itself, nor one of its parents.
+            if model.iter().any(|k| !k.ends_with(b"/") && (*k == path || (path.starts_with(k) && path[k.len()] == b'/'))) {
+                continue;
+            }
+            let mut dir = b.ino;
+            for seg in &segs {
+                dir = match e.lookup(&c, dir, seg) {
+                    Ok(a) => a.ino,
+                    Err(_) => e.mkdir(&c, dir, seg, 0o755).unwrap().ino,
+                };
+            }
+            e.setxattr(&c, dir, XATTR_FOLDER_OBJECT, &segs[0]).unwrap();
+            let mut key = path;
+            key.push(b'/');
+            if model.insert(key) {
+                folders += 1;
+            }
+        }
         let random = |rng: &mut dyn FnMut(usize) -> usize, max_len: usize| -> Vec<u8> {
             let alphabet = b"ab-.0/";
             (0..rng(max_len + 1)).map(|_| alphabet[rng(alphabet.len())]).collect()

@@ -3,8 +3,9 @@
 //!
 //! Refused, with `InvalidArgument` and a message that says why: empty components (`a//b`,
 //! a leading `/`), `.` or `..` components, NUL bytes. Over-long keys (more than 1024 bytes)
-//! and components over 255 bytes get `KeyTooLongError`. A key ending in '/' is a directory
-//! marker: a zero-byte PUT creates the directory, a PUT with content is refused.
+//! and components over 255 bytes get `KeyTooLongError`. A key ending in '/' is a folder
+//! object: its PUT creates the directory and keeps the content (at most 64 KiB) as the
+//! directory's `XATTR_FOLDER_OBJECT`, so listings show it.
 
 use s3s::{S3Error, S3ErrorCode, S3Result};
 use storage_engine::NAME_BYTES_MAX;
@@ -58,11 +59,11 @@ pub(crate) fn parse_key(key: &str) -> S3Result<KeyForm<'_>> {
     Ok(form)
 }
 
-/// Like [`parse_key`] but only plain objects (uploads with content, multipart).
+/// Like [`parse_key`] but only plain objects (copies, and reads that need a file).
 pub(crate) fn object_key(key: &str) -> S3Result<&str> {
     match parse_key(key)? {
         KeyForm::Object(k) => Ok(k),
-        KeyForm::Dir(_) => Err(invalid("a key ending in '/' names a directory and cannot hold content")),
+        KeyForm::Dir(_) => Err(invalid("a key ending in '/' names a folder object (a directory), which this request cannot take")),
     }
 }
 

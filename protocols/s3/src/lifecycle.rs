@@ -330,7 +330,8 @@ fn bucket_pass(engine: &Engine, bucket: storage_engine::Ino, name: &str, rules: 
                     break 'pages;
                 }
                 let Ok(key) = std::str::from_utf8(&o.key) else { continue };
-                if o.attr.kind != FileKind::File {
+                // Objects, and folder objects (`prefix/`, listed as directories).
+                if !matches!(o.attr.kind, FileKind::File | FileKind::Dir) {
                     continue;
                 }
                 let mtime = o.attr.mtime_ns.div_euclid(1_000_000_000);

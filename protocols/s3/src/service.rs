@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use crate::md5::Md5;
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
-use storage_engine::{Attr, Caller, Engine, Error, FileKind, FillBuf, FoundVersion, Ino, NULL_VERSION, ROOT_INO, Stability, VersionKind, VersionMode};
+use storage_engine::{Attr, Caller, Engine, Error, FileKind, FillBuf, FoundVersion, Ino, NULL_VERSION, ROOT_INO, Stability, VersionKind, VersionMode, XATTR_FOLDER_OBJECT};
 
 use crate::acl::{self, Acl, GrantHeaders, Perm};
 use crate::auth::{AclWriter, PerKeyPolicy, PolicyGrant, Requester, SourceGrant, caller_of, load_acl};
@@ -225,7 +225,8 @@ fn make_dirs(engine: &Engine, caller: &Caller, bucket: Ino, path: &str) -> S3Res
 
 /// Removes the directories of `key` (deepest first) that became empty, up to the bucket:
 /// S3 has no directories, so a prefix must vanish with its last object. Stops at the first
-/// directory that is not empty or that the caller may not remove.
+/// directory that is not empty, is a folder object (`prefix/` put as an object), or that the
+/// caller may not remove.
 fn prune_empty_dirs(engine: &Engine, caller: &Caller, bucket: Ino, dirs: &[&str]) {
     let mut chain = vec![bucket];
     for d in dirs {
@@ -236,10 +237,44 @@ fn prune_empty_dirs(engine: &Engine, caller: &Caller, bucket: Ino, dirs: &[&str]
     }
     for i in (0..dirs.len()).rev() {
         let empty = engine.readdir(caller, chain[i + 1], None, 1).is_ok_and(|p| p.entries.is_empty());
-        if !empty || engine.rmdir(caller, chain[i], dirs[i].as_bytes()).is_err() {
+        if !empty || !matches!(engine.is_folder_object(chain[i + 1]), Ok(false)) || engine.rmdir(caller, chain[i], dirs[i].as_bytes()).is_err() {
             return;
         }
     }
+}
+
+/// Most bytes a folder object (`prefix/`) holds: its content is an extended attribute of
+/// its directory.
+const FOLDER_BYTES_MAX: usize = storage_engine::XATTR_VALUE_BYTES_MAX;
+
+/// The refusal of more content under a key ending in '/' than a folder object holds.
+fn folder_too_large() -> S3Error {
+    err(S3ErrorCode::EntityTooLarge, format!("a key ending in '/' names a directory, which holds at most {FOLDER_BYTES_MAX} bytes as an object"))
+}
+
+/// Makes directory `path` below `bucket` the folder object `path/` holding `content`, with
+/// `meta` and `tags` (replacing what it had); returns its ETag.
+fn put_folder(engine: &Engine, caller: &Caller, bucket: Ino, path: &str, content: &[u8], meta: &ObjectMeta, tags: &[(String, String)]) -> S3Result<String> {
+    if content.len() > FOLDER_BYTES_MAX {
+        return Err(folder_too_large());
+    }
+    let dir = make_dirs(engine, caller, bucket, path)?;
+    for name in [XATTR_META, XATTR_TAGS] {
+        match engine.removexattr(caller, dir.ino, name) {
+            Ok(()) | Err(Error::NotFound) => {}
+            Err(e) => return Err(map_err(e, Missing::Key)),
+        }
+    }
+    write_object_xattrs(engine, caller, dir.ino, meta, tags)?;
+    engine.setxattr(caller, dir.ino, XATTR_FOLDER_OBJECT, content).map_err(|e| map_err(e, Missing::Key))?;
+    let mut h = Md5::new();
+    h.update(content);
+    Ok(hex::encode(h.finalize()))
+}
+
+/// The content of folder object `ino` (a directory); `None` when it is no folder object.
+fn folder_content(engine: &Engine, ino: Ino) -> Option<Vec<u8>> {
+    engine.getxattr(&Caller::system(), ino, XATTR_FOLDER_OBJECT).ok()
 }
 
 fn dirs_of(key: &str) -> Vec<&str> {
@@ -303,6 +338,19 @@ fn delete_unversioned(engine: &Engine, caller: &Caller, bucket: Ino, key: &str) 
                 dir_attr(engine, caller, bucket, &dirs.join("/")).map(|a| a.ino)
             };
             if let Ok(parent) = parent {
+                // The folder object goes; the directory with it only when it is empty.
+                match engine.lookup(caller, parent, name.as_bytes()) {
+                    Ok(a) if a.kind == FileKind::Dir => {
+                        for name in [XATTR_FOLDER_OBJECT, XATTR_META, XATTR_TAGS] {
+                            match engine.removexattr(caller, a.ino, name) {
+                                Ok(()) | Err(Error::NotFound) => {}
+                                Err(e) => return Err(map_err(e, Missing::Key)),
+                            }
+                        }
+                    }
+                    Ok(_) | Err(Error::NotFound) => return Ok(()),
+                    Err(e) => return Err(map_err(e, Missing::Key)),
+                }
                 match engine.rmdir(caller, parent, name.as_bytes()) {
                     Ok(()) | Err(Error::NotFound | Error::NotEmpty | Error::NotDir) => {}
                     Err(e) => return Err(map_err(e, Missing::Key)),
@@ -380,6 +428,12 @@ fn etag_of(engine: &Engine, caller: &Caller, attr: &Attr) -> S3Result<String> {
 /// written through other protocols an opaque placeholder ending in `-0` (clients treat
 /// dashed ETags as not-an-MD5 and do not verify content against them).
 fn list_etag(engine: &Engine, caller: &Caller, attr: &Attr) -> String {
+    if attr.kind == FileKind::Dir {
+        // A folder object (`prefix/`).
+        let mut h = Md5::new();
+        h.update(folder_content(engine, attr.ino).unwrap_or_default());
+        return hex::encode(h.finalize());
+    }
     if let Some(e) = stored_etag(engine, caller, attr) {
         return e;
     }
@@ -1097,6 +1151,9 @@ impl AsRef<[u8]> for Shared {
 
 struct ObjectView {
     attr: Attr,
+    /// A folder object's content (its key ends in '/'); other objects' bytes are read from
+    /// the file.
+    content: Option<Bytes>,
     etag: String,
     meta: ObjectMeta,
     tags: usize,
@@ -1122,7 +1179,21 @@ fn view_object(engine: &Engine, caller: &Caller, bucket: &str, key: &str, versio
                 return Err(err(S3ErrorCode::NoSuchVersion, "a key ending in '/' names a directory, whose only version is null"));
             }
             let attr = dir_attr(engine, caller, b.ino, path)?;
-            Ok(Some(ObjectView { etag: hex::encode(Md5::new().finalize()), meta: ObjectMeta::default(), tags: 0, attr: Attr { size: 0, ..attr }, version_id: None }))
+            // Any directory answers, as an empty object unless it is a folder object.
+            let content = folder_content(engine, attr.ino).unwrap_or_default();
+            if !content.is_empty() && engine.access(caller, attr.ino, ACCESS_READ).map_err(|e| map_err(e, Missing::Key))? & ACCESS_READ == 0 {
+                return Err(err(S3ErrorCode::AccessDenied, "the directory's mode does not let you read it"));
+            }
+            let mut h = Md5::new();
+            h.update(&content);
+            Ok(Some(ObjectView {
+                etag: hex::encode(h.finalize()),
+                meta: load_meta(engine, caller, attr.ino),
+                tags: load_tags(engine, caller, attr.ino).len(),
+                attr: Attr { size: content.len() as u64, ..attr },
+                content: Some(Bytes::from(content)),
+                version_id: None,
+            }))
         }
         KeyForm::Object(k) => {
             let attr = version_attr(engine, caller, b.ino, k, version)?;
@@ -1139,7 +1210,7 @@ fn view_object(engine: &Engine, caller: &Caller, bucket: &str, key: &str, versio
             let meta = load_meta(engine, caller, attr.ino);
             let tags = load_tags(engine, caller, attr.ino).len();
             let version_id = reported_version(engine, b.ino, attr.ino)?;
-            Ok(Some(ObjectView { attr, etag, meta, tags, version_id }))
+            Ok(Some(ObjectView { attr, content: None, etag, meta, tags, version_id }))
         }
     }
 }
@@ -1944,20 +2015,11 @@ impl S3 for AquiferS3 {
         }
         let engine = self.engine.clone();
         let bucket = input.bucket.clone();
-        if let KeyForm::Dir(path) = parse_key(&input.key)? {
-            if input.content_length.unwrap_or(0) > 0 {
-                return Err(err(S3ErrorCode::InvalidArgument, "object key refused: a key ending in '/' names a directory and cannot hold content"));
-            }
-            let path = path.to_string();
-            blocking(move || {
-                let b = bucket_attr(&engine, &caller, &bucket)?;
-                make_dirs(&engine, &caller, b.ino, &path).map(|_| ())
-            })
-            .await?;
-            let empty = hex::encode(Md5::new().finalize());
-            return Ok(S3Response::new(PutObjectOutput { e_tag: Some(quoted(&empty)), ..Default::default() }));
-        }
-        let key = object_key(&input.key)?.to_string();
+        let folder = match parse_key(&input.key)? {
+            KeyForm::Dir(path) => Some(path.to_string()),
+            KeyForm::Object(_) => None,
+        };
+        let key = input.key.clone();
         let canned = input.acl.as_ref().map(|a| a.as_str().to_string());
         let headers = GrantHeaders {
             read: input.grant_read.clone(),
@@ -1984,6 +2046,43 @@ impl S3 for AquiferS3 {
         let (if_match, if_none_match) = (input.if_match, input.if_none_match);
 
         let content_md5 = input.content_md5;
+        if let Some(path) = folder {
+            if if_match.is_some() || if_none_match.is_some() {
+                return Err(err(S3ErrorCode::NotImplemented, "conditional writes of folder objects (keys ending in '/') are not supported"));
+            }
+            if input.content_length.is_some_and(|n| n > FOLDER_BYTES_MAX as i64) {
+                return Err(folder_too_large());
+            }
+            let mut content = Vec::new();
+            let mut body = body;
+            while let Some(piece) = body.next().await {
+                let piece = piece.map_err(|e| err(S3ErrorCode::IncompleteBody, format!("read request body: {e}")))?;
+                if content.len() + piece.len() > FOLDER_BYTES_MAX {
+                    return Err(folder_too_large());
+                }
+                check.hasher.update(&piece);
+                content.extend_from_slice(&piece);
+            }
+            let mut h = Md5::new();
+            h.update(&content);
+            let md5: [u8; 16] = h.finalize().into();
+            check_content_md5(content_md5.as_deref(), &md5)?;
+            let sums = check.verify(trailers.as_ref())?;
+            let etag = blocking(move || {
+                let b = bucket_attr(&engine, &caller, &bucket)?;
+                put_folder(&engine, &caller, b.ino, &path, &content, &meta, &tags)
+            })
+            .await?;
+            return Ok(S3Response::new(PutObjectOutput {
+                e_tag: Some(quoted(&etag)),
+                checksum_crc32: sums.checksum_crc32,
+                checksum_crc32c: sums.checksum_crc32c,
+                checksum_sha1: sums.checksum_sha1,
+                checksum_sha256: sums.checksum_sha256,
+                checksum_crc64nvme: sums.checksum_crc64nvme,
+                ..Default::default()
+            }));
+        }
         let put = PutPlan {
             engine: engine.clone(),
             caller: caller.clone(),
@@ -2088,7 +2187,11 @@ impl S3 for AquiferS3 {
         let asked = ObjectAsked { bucket: &input.bucket, key: &input.key, version_id: input.version_id.as_deref(), part_number: input.part_number, range: input.range.as_ref() };
         let sel = select_object(&self.engine, &caller, asked, conds, req.headers.get(http::header::RANGE)).await?;
         let (view, range) = (sel.view, sel.range);
-        let body = if range.is_empty() { None } else { Some(self.object_body(caller, view.attr.ino, range.start, range.end)) };
+        let body = match &view.content {
+            _ if range.is_empty() => None,
+            Some(c) => Some(StreamingBlob::from(s3s::Body::from(c.slice(range.start as usize..range.end as usize)))),
+            None => Some(self.object_body(caller, view.attr.ino, range.start, range.end)),
+        };
         let meta = view.meta;
         let out = GetObjectOutput {
             body,
@@ -2542,7 +2645,9 @@ impl S3 for AquiferS3 {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let input = req.input;
-        let key = object_key(&input.key)?.to_string();
+        // A folder object's upload (`prefix/`) may be made; its parts must be empty.
+        parse_key(&input.key)?;
+        let key = input.key.clone();
         let mode = object_mode(input.acl.as_ref())?;
         let tags = input.tagging.as_deref().map(parse_tagging_header).transpose()?.unwrap_or_default();
         let meta = meta_from(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control, input.expires, input.metadata);
@@ -2575,6 +2680,10 @@ impl S3 for AquiferS3 {
             ..Default::default()
         };
         let mut check = ChecksumCheck::new(input.checksum_algorithm.as_ref(), expected)?;
+        let folder = matches!(parse_key(&input.key)?, KeyForm::Dir(_));
+        if folder && input.content_length.is_some_and(|n| n > FOLDER_BYTES_MAX as i64) {
+            return Err(folder_too_large());
+        }
         let body = input.body.ok_or_else(|| err(S3ErrorCode::IncompleteBody, "missing body"))?;
         let (e, c, bucket, key, id) = (engine.clone(), caller.clone(), input.bucket, input.key, input.upload_id);
         let id2 = id.clone();
@@ -2584,7 +2693,11 @@ impl S3 for AquiferS3 {
         })
         .await?;
         let staged = Staged { engine: engine.clone(), caller: caller.clone(), ino, armed: true };
-        let (_, md5) = write_body(&engine, &caller, ino, Vec::new(), body, &mut check).await?;
+        let (written, md5) = write_body(&engine, &caller, ino, Vec::new(), body, &mut check).await?;
+        if folder && written > FOLDER_BYTES_MAX as u64 {
+            // A body without a declared length; the part is dropped with `staged`.
+            return Err(folder_too_large());
+        }
         check_content_md5(input.content_md5.as_deref(), &md5)?;
         let sums = check.verify(trailers.as_ref())?;
         let etag = hex::encode(md5);
@@ -2627,6 +2740,9 @@ impl S3 for AquiferS3 {
                 conds.check(&etag_of(&engine, &reader, &src)?, src.mtime_ns, false)?;
             }
             let (start, end) = copy_range(input.copy_source_range.as_deref(), src.size)?;
+            if end - start > FOLDER_BYTES_MAX as u64 && matches!(parse_key(&input.key)?, KeyForm::Dir(_)) {
+                return Err(folder_too_large());
+            }
             let part = engine.multipart_part_begin(&caller, &input.upload_id, n).map_err(|e| map_err(e, Missing::Upload))?;
             let staged = Staged { engine: engine.clone(), caller: caller.clone(), ino: part.ino, armed: true };
             let etag = hex::encode(copy_data(&engine, &reader, &caller, src.ino, start, end, part.ino)?);
@@ -2685,6 +2801,20 @@ impl S3 for AquiferS3 {
             let meta = stored.get("meta").and_then(|v| v.as_str()).map(|s| ObjectMeta::decode(s.as_bytes())).unwrap_or_default();
             let tags = stored.get("tags").and_then(|v| v.as_str()).map(|s| decode_tags(s.as_bytes())).unwrap_or_default();
             let mode = stored.get("mode").and_then(|v| v.as_u64()).map_or(FILE_MODE, |m| m as u32);
+            if let KeyForm::Dir(path) = parse_key(&key)? {
+                // A folder object: the parts' bytes become its content, and the upload goes.
+                if part_sizes.iter().sum::<u64>() > FOLDER_BYTES_MAX as u64 {
+                    return Err(folder_too_large());
+                }
+                let mut content = Vec::new();
+                for n in &wanted {
+                    let p = parts.iter().find(|p| p.number == *n).expect("checked above");
+                    content.extend(engine.read(&caller, p.ino, 0, p.size as usize).map_err(|e| map_err(e, Missing::Upload))?);
+                }
+                let etag = put_folder(&engine, &caller, b.ino, path, &content, &meta, &tags)?;
+                engine.multipart_abort(&caller, &id).map_err(|e| map_err(e, Missing::Upload))?;
+                return Ok((etag, None));
+            }
             // The canned ACL given at CreateMultipartUpload: the object is published with its
             // mode (private = 0600), never visible with a wider one.
             let versioning = bucket_versioning(&engine, b.ino);

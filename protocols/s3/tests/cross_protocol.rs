@@ -79,3 +79,114 @@ async fn s3_put_is_read_by_the_engine_and_engine_writes_are_s3_objects() {
     assert_eq!(keys, ["deep/er/b.bin", "nfs/file.bin", "small/a.bin"]);
     s.stop().await;
 }
+
+/// The keys a ListObjectsV2 answer names, as (Contents, CommonPrefixes).
+fn listed(body: &str) -> (Vec<String>, Vec<String>) {
+    let between = |tag: &str, s: &str| -> Vec<String> {
+        s.split(&format!("<{tag}>")).skip(1).map(|p| p.split(&format!("</{tag}>")).next().unwrap().to_string()).collect()
+    };
+    let contents = between("Contents", body).iter().flat_map(|c| between("Key", c)).collect();
+    let prefixes = between("CommonPrefixes", body).iter().flat_map(|c| between("Prefix", c)).collect();
+    (contents, prefixes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn folder_objects_are_directories_listed_as_objects() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/fold", &[], vec![]).await.0, 200);
+    let list = |prefix: &'static str, delimiter: &'static str| {
+        let s = &s;
+        async move {
+            let mut q = vec![("list-type", "2"), ("prefix", prefix)];
+            if !delimiter.is_empty() {
+                q.push(("delimiter", delimiter));
+            }
+            let (st, body) = s.call("GET", "/fold", &q, vec![]).await;
+            assert_eq!(st, 200, "{body}");
+            (listed(&body), body)
+        }
+    };
+
+    // A zero-byte `prefix/` is the directory, and an empty object listed before its contents.
+    let res = s.signed("PUT", "/fold/photos/", &[], vec![]).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let empty_md5 = "\"d41d8cd98f00b204e9800998ecf8427e\"";
+    assert_eq!(res.headers()["etag"].to_str().unwrap(), empty_md5);
+    assert_eq!(s.call("PUT", "/fold/photos/a.jpg", &[], b"jpeg".to_vec()).await.0, 200);
+    // A directory made over another protocol is a prefix, not an object.
+    s.with_engine(|e| {
+        let b = e.resolve(&Caller::system(), "fold").unwrap();
+        e.mkdir(&Caller::system(), b.ino, b"plain", 0o755).unwrap();
+    })
+    .await;
+    assert_eq!(s.call("PUT", "/fold/plainer/sub/f", &[], b"f".to_vec()).await.0, 200);
+    let ((contents, prefixes), body) = list("", "").await;
+    assert_eq!(contents, ["photos/", "photos/a.jpg", "plainer/sub/f"]);
+    assert!(prefixes.is_empty());
+    let marker = body.split("<Contents>").nth(1).unwrap().split("</Contents>").next().unwrap();
+    assert!(marker.contains("<Size>0</Size>") && marker.contains("d41d8cd98f00b204e9800998ecf8427e"), "{marker}");
+    assert_eq!(list("photos/", "/").await.0, (vec!["photos/".to_string(), "photos/a.jpg".to_string()], vec![]));
+    assert_eq!(list("", "/").await.0, (vec![], vec!["photos/".to_string(), "plainer/".to_string()]));
+    // The object's name as S3 shows it: start-after the folder object lists what follows it.
+    let (st, body) = s.call("GET", "/fold", &[("list-type", "2"), ("start-after", "photos/")], vec![]).await;
+    assert_eq!(st, 200);
+    assert_eq!(listed(&body).0, ["photos/a.jpg", "plainer/sub/f"]);
+
+    // Removing the last object below it leaves the folder object (and its directory).
+    assert_eq!(s.call("DELETE", "/fold/photos/a.jpg", &[], vec![]).await.0, 204);
+    assert_eq!(list("photos/", "/").await.0, (vec!["photos/".to_string()], vec![]));
+    assert_eq!(list("", "/").await.0 .1, ["photos/", "plainer/"], "an empty folder object is still a common prefix");
+    // Deleting the folder object while objects remain below keeps the directory as a prefix.
+    assert_eq!(s.call("PUT", "/fold/photos/b.jpg", &[], b"b".to_vec()).await.0, 200);
+    assert_eq!(s.call("DELETE", "/fold/photos/", &[], vec![]).await.0, 204);
+    assert_eq!(list("photos/", "").await.0 .0, ["photos/b.jpg"]);
+    assert_eq!(s.call("DELETE", "/fold/photos/b.jpg", &[], vec![]).await.0, 204);
+    assert_eq!(list("", "").await.0 .0, ["plainer/sub/f"], "the directory went with its last object");
+    let gone = s.with_engine(|e| e.resolve(&Caller::system(), "fold/photos").is_err()).await;
+    assert!(gone, "no folder object and no content: the directory is removed");
+
+    // A folder object holds up to 64 KiB, with its metadata; more is refused whichever way
+    // it comes, and changes nothing.
+    let res = s.signed("PUT", "/fold/docs/", &[], b"text".to_vec()).header("content-type", "text/plain").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(res.headers()["etag"].to_str().unwrap(), format!("\"{}\"", hex::encode(Md5::digest(b"text"))));
+    let res = s.signed("GET", "/fold/docs/", &[], vec![]).send().await.unwrap();
+    assert_eq!(res.headers()["content-type"].to_str().unwrap(), "text/plain");
+    assert_eq!(res.bytes().await.unwrap().as_ref(), b"text");
+    let res = s.signed("GET", "/fold/docs/", &[], vec![]).header("range", "bytes=1-2").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 206);
+    assert_eq!(res.bytes().await.unwrap().as_ref(), b"ex");
+    let (st, body) = s.raw("PUT", "/fold/docs/", vec![b'x'; 64 * 1024 + 1]).await;
+    assert_eq!((st, common::error_code(&body)), (400, "EntityTooLarge"), "{body}");
+    let (st, body) = s.call("GET", "/fold/docs/", &[], vec![]).await;
+    assert_eq!((st, body.as_str()), (200, "text"), "a refused PUT changes nothing");
+    let ((contents, _), body) = list("docs/", "/").await;
+    assert_eq!(contents, ["docs/"]);
+    assert!(body.contains("<Size>4</Size>"), "{body}");
+    // A multipart upload of a folder object: its parts' bytes become the content.
+    let (st, body) = s.call("POST", "/fold/notes/", &[("uploads", "")], vec![]).await;
+    assert_eq!(st, 200, "{body}");
+    let id = body.split("<UploadId>").nth(1).unwrap().split("</UploadId>").next().unwrap().to_string();
+    let (st, body) = s.call("PUT", "/fold/notes/", &[("partNumber", "1"), ("uploadId", &id)], vec![b'y'; 64 * 1024 + 1]).await;
+    assert_eq!((st, common::error_code(&body)), (400, "EntityTooLarge"), "{body}");
+    let (st, body) = s.call("PUT", "/fold/notes/", &[("partNumber", "1"), ("uploadId", &id)], b"remember".to_vec()).await;
+    assert_eq!(st, 200, "{body}");
+    let xml = b"<CompleteMultipartUpload><Part><PartNumber>1</PartNumber></Part></CompleteMultipartUpload>".to_vec();
+    let (st, body) = s.call("POST", "/fold/notes/", &[("uploadId", &id)], xml).await;
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(s.call("GET", "/fold/notes/", &[], vec![]).await, (200, "remember".to_string()));
+    assert_eq!(list("", "").await.0 .0, ["docs/", "notes/", "plainer/sub/f"]);
+    let (st, body) = s.call("GET", "/fold", &[("uploads", "")], vec![]).await;
+    assert_eq!(st, 200);
+    assert!(!body.contains("<Upload>"), "the completed upload is gone: {body}");
+    // Deleting a folder object drops its content and metadata with the mark.
+    assert_eq!(s.call("PUT", "/fold/docs/inner", &[], b"i".to_vec()).await.0, 200);
+    assert_eq!(s.call("DELETE", "/fold/docs/", &[], vec![]).await.0, 204);
+    let (st, body) = s.call("GET", "/fold/docs/", &[], vec![]).await;
+    assert_eq!((st, body.as_str()), (200, ""), "the directory remains, no longer a folder object");
+    assert_eq!(list("docs/", "").await.0 .0, ["docs/inner"]);
+    // A bucket holding a folder object is not empty.
+    let (st, body) = s.call("DELETE", "/fold", &[], vec![]).await;
+    assert_eq!((st, common::error_code(&body)), (409, "BucketNotEmpty"), "{body}");
+    s.stop().await;
+}
