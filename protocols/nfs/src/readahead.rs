@@ -1,10 +1,11 @@
 //! Sequential readahead for READ.
 //!
-//! NFS is stateless, so the service keeps a small table per file: where the last READ ended and
-//! windows of the file read ahead in the background. A READ that starts where the previous one
-//! ended starts reading the next [`WINDOW_BYTES`] ahead; a READ inside a window is served from
-//! it and keeps [`WINDOWS_AHEAD`] windows in flight, so the engine's reads overlap the transfer
-//! of earlier replies instead of following them.
+//! NFS is stateless, so the service keeps a small table per file: where the reads so far ended
+//! and windows of the file read ahead in the background. A READ that starts near where the
+//! reads so far ended (within a window either way: READs in flight together arrive in any
+//! order) starts reading the next [`WINDOW_BYTES`] ahead; a READ inside a window is served
+//! from it and keeps [`WINDOWS_AHEAD`] windows in flight, so the engine's reads overlap the
+//! transfer of earlier replies instead of following them.
 //!
 //! A window is only used while the file's size, mtime and ctime (loaded for every call anyway)
 //! are the ones it was read under: any change to the file drops its windows.
@@ -42,7 +43,7 @@ struct Window {
 
 struct FileState {
     stamp: (u64, i64, i64),
-    /// End of the last READ, for spotting sequential readers.
+    /// Furthest end of the reads of the current sequential run (of the last READ after a jump).
     last_end: u64,
     windows: Vec<Window>,
     used: u64,
@@ -89,16 +90,21 @@ impl Readahead {
                 }
             };
             st.used = now;
-            let sequential = st.last_end == off;
-            st.last_end = end;
-            // Windows behind this read, or beyond the ones it keeps in flight (left from an
-            // earlier pass over the file), are of no use.
-            st.windows.retain(|w| w.start + WINDOW_BYTES > off && w.start < end + WINDOWS_AHEAD * WINDOW_BYTES);
+            // Sequential: near where the reads so far ended. A client keeps several READs in
+            // flight (a kernel client's read-ahead does), and the service runs them side by
+            // side, so they come here in any order among themselves: a READ a little behind
+            // or ahead of the furthest end is as sequential as one right at it.
+            let sequential = st.last_end != u64::MAX && off <= st.last_end.saturating_add(WINDOW_BYTES) && off.saturating_add(WINDOW_BYTES) >= st.last_end;
+            st.last_end = if sequential { st.last_end.max(end) } else { end };
+            // Windows more than one behind this read (a READ still in flight may want the
+            // one just behind), or beyond the ones it keeps in flight (left from an earlier
+            // pass over the file), are of no use.
+            st.windows.retain(|w| w.start + 2 * WINDOW_BYTES > off && w.start < end + WINDOWS_AHEAD * WINDOW_BYTES);
             let hit = st.windows.iter().find(|w| w.start <= off && end <= w.start + WINDOW_BYTES).map(|w| (w.start, w.rx.clone()));
             // Windows to start, to keep them in flight from the end of this read on.
             let mut starts = Vec::new();
             if hit.is_some() || sequential {
-                let mut next = hit.as_ref().map_or(end, |(s, _)| s + WINDOW_BYTES);
+                let mut next = hit.as_ref().map_or(st.last_end, |(s, _)| s + WINDOW_BYTES);
                 if let Some(last) = st.windows.last() {
                     next = next.max(last.start + WINDOW_BYTES);
                 }
@@ -197,6 +203,37 @@ mod tests {
         // Inside one piece: the same memory, no copy.
         let got = slice_of(&pieces, 1100, 1200).unwrap();
         assert!(std::ptr::eq(got.as_ptr(), pieces[2][76..].as_ptr()), "a read inside a piece shares its buffer");
+    }
+
+    /// READs in flight together reach the table in any order: one a READ ahead of the
+    /// furthest end still counts as sequential and starts the windows, which then serve the
+    /// READs after it, in any order, with the bytes the file holds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_out_of_order_start_windows_that_serve_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 256 << 20, 4, 2);
+        cfg.argon2_memory_kib = 64;
+        cfg.admin_password = Some("admin-password".into());
+        let engine = Engine::open(cfg).unwrap();
+        let c = Caller::system();
+        const MIB: u64 = 1 << 20;
+        let data: Vec<u8> = (0..40 * MIB).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let f = engine.create(&c, storage_engine::ROOT_INO, b"big", 0o644, true).unwrap();
+        engine.write(&c, f.ino, 0, &data, storage_engine::Stability::Durable).unwrap();
+        let attr = engine.getattr(&c, f.ino).unwrap();
+        let ra = Readahead::default();
+        let read = |off: u64| {
+            let (ra, engine, c, attr) = (&ra, &engine, &c, &attr);
+            async move { ra.read(engine, c, attr, off, MIB as usize).await.map(|b| b.to_vec()) }
+        };
+        // A pass from the start, its second and third READs swapped.
+        assert!(read(0).await.is_none(), "a first READ is read directly");
+        assert!(read(2 * MIB).await.is_none(), "a READ ahead of the one in flight: windows start after it");
+        assert!(read(MIB).await.is_none(), "behind the windows' start: read directly");
+        for off in [4 * MIB, 3 * MIB, 5 * MIB, 20 * MIB] {
+            let got = read(off).await.unwrap_or_else(|| panic!("READ at {} MiB not served from a window", off / MIB));
+            assert!(got == data[off as usize..(off + MIB) as usize], "READ at {} MiB: other bytes", off / MIB);
+        }
     }
 
     #[test]
