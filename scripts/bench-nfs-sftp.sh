@@ -3,7 +3,9 @@
 # and prints a markdown table:
 #   NFSv3: Aquifer vs nfs-ganesha (VFS FSAL) exporting a directory on the same disk, both driven
 #          by the libnfs userspace client (nfs-cp for 1 GiB sequential write/read; a small libnfs
-#          C loop, compiled here, for 4 KiB file creates over one mount; an nfs-cp-per-file loop).
+#          C loop, compiled here, for 4 KiB file creates over one mount; an nfs-cp-per-file loop;
+#          a libnfs reader, compiled here, that keeps BENCH_READ_DEPTH 1 MiB READs in flight as
+#          a kernel client's read-ahead does, where nfs-cp waits for each READ and copies it).
 #   SFTP:  Aquifer vs OpenSSH sshd (internal-sftp), both driven by OpenSSH `sftp -b` with the same
 #          cipher (password via sshpass for Aquifer, a generated key for sshd).
 # All servers run for the whole measurement, and each operation is measured in rounds: in every
@@ -16,7 +18,7 @@
 #
 # Environment: AQUIFER_BIN (default /var/cache/aquifer-target/debug/aquifer), BENCH_SIZE_MIB
 # (1024), BENCH_FILES (2000, libnfs create loop), BENCH_CP_FILES (300, nfs-cp-per-file loop),
-# BENCH_REPS (3 rounds; medians are reported), BENCH_CIPHER (aes256-gcm@openssh.com), BENCH_DRIVE_SIZE
+# BENCH_REPS (3 rounds; medians are reported), BENCH_READ_DEPTH (8), BENCH_CIPHER (aes256-gcm@openssh.com), BENCH_DRIVE_SIZE
 # (2GiB, each of Aquifer's six file drives).
 # Needs (apt): libnfs-utils libnfs-dev gcc nfs-ganesha nfs-ganesha-vfs rpcbind openssh-server
 # openssh-client sshpass. Runs as root (drops the page cache before every timed operation when
@@ -30,6 +32,7 @@ nfiles=${BENCH_FILES:-2000}
 cpfiles=${BENCH_CP_FILES:-300}
 reps=${BENCH_REPS:-3}
 cipher=${BENCH_CIPHER:-aes256-gcm@openssh.com}
+depth=${BENCH_READ_DEPTH:-8}
 admin_pw=bench-admin-pw
 
 for t in nfs-cp gcc ganesha.nfsd rpcbind sftp sshpass ssh-keygen python3; do
@@ -135,6 +138,78 @@ int main(int argc, char **argv) {
 }
 C
 gcc -O2 -o "$work/nfsbench" "$work/nfsbench.c" -lnfs
+cat >"$work/nfspread.c" <<'C'
+/* nfspread URL FILE DEPTH : reads FILE whole over one mount with DEPTH 1 MiB READs in flight,
+ * as a kernel client's read-ahead keeps several in flight, and discards the bytes; prints the
+ * seconds the reads took. */
+#include <fcntl.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <nfsc/libnfs.h>
+#define CHUNK (1u << 20)
+struct piece { uint64_t off, len; };
+static struct nfs_context *nfs;
+static struct nfsfh *fh;
+static uint64_t size, next, got;
+static int inflight, depth, failed;
+static void cb(int err, struct nfs_context *n, void *data, void *priv);
+static void send_piece(struct piece *p) {
+    if (nfs_pread_async(nfs, fh, p->off, p->len, cb, p)) { fprintf(stderr, "pread: %s\n", nfs_get_error(nfs)); failed = 1; free(p); return; }
+    inflight++;
+}
+static void issue(void) {
+    while (!failed && inflight < depth && next < size) {
+        struct piece *p = malloc(sizeof *p);
+        p->off = next;
+        p->len = size - next < CHUNK ? size - next : CHUNK;
+        next += p->len;
+        send_piece(p);
+    }
+}
+static void cb(int err, struct nfs_context *n, void *data, void *priv) {
+    struct piece *p = priv;
+    (void)n;
+    inflight--;
+    if (err <= 0) {
+        fprintf(stderr, "read at %llu: %s\n", (unsigned long long)p->off, err < 0 ? (char *)data : "end of file early");
+        failed = 1; free(p); return;
+    }
+    got += (uint64_t)err;
+    if ((uint64_t)err < p->len) { p->off += err; p->len -= err; send_piece(p); }
+    else free(p);
+    issue();
+}
+int main(int argc, char **argv) {
+    if (argc != 4) { fprintf(stderr, "usage: nfspread URL FILE DEPTH\n"); return 2; }
+    nfs = nfs_init_context();
+    struct nfs_url *url = nfs_parse_url_dir(nfs, argv[1]);
+    if (!url || nfs_mount(nfs, url->server, url->path)) { fprintf(stderr, "mount: %s\n", nfs_get_error(nfs)); return 1; }
+    depth = atoi(argv[3]);
+    struct nfs_stat_64 st;
+    if (nfs_stat64(nfs, argv[2], &st)) { fprintf(stderr, "stat: %s\n", nfs_get_error(nfs)); return 1; }
+    size = st.nfs_size;
+    if (nfs_open(nfs, argv[2], O_RDONLY, &fh)) { fprintf(stderr, "open: %s\n", nfs_get_error(nfs)); return 1; }
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    issue();
+    while (!failed && inflight > 0) {
+        struct pollfd pfd = { .fd = nfs_get_fd(nfs), .events = nfs_which_events(nfs) };
+        if (poll(&pfd, 1, 100) < 0) { perror("poll"); return 1; }
+        if (nfs_service(nfs, pfd.revents) < 0) { fprintf(stderr, "service: %s\n", nfs_get_error(nfs)); return 1; }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    if (failed || got != size) { fprintf(stderr, "read %llu of %llu bytes\n", (unsigned long long)got, (unsigned long long)size); return 1; }
+    printf("%.3f\n", (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9);
+    nfs_close(nfs, fh);
+    nfs_destroy_url(url);
+    nfs_destroy_context(nfs);
+    return 0;
+}
+C
+gcc -O2 -o "$work/nfspread" "$work/nfspread.c" -lnfs
 
 log "generating ${size_mib} MiB of random data"
 head -c "$((size_mib * 1048576))" /dev/urandom >"$work/src.bin"
@@ -148,7 +223,7 @@ add() { T[$1]="${T[$1]:-}${T[$1]:+ }$2"; }
 # a file's URL in the export root (libnfs mounts the parent directory of a URL's file).
 declare -A NQ NROOT NPREFIX
 nfs_rw() { # NAME ROUND: write, then read back, the big file
-    local name=$1 i=$2 q=${NQ[$1]} root=${NROOT[$1]} w r
+    local name=$1 i=$2 q=${NQ[$1]} root=${NROOT[$1]} w r p
     local big="${NPREFIX[$1]}big.bin?$q"
     "$work/nfsbench" "$root?$q" rm /big.bin >/dev/null 2>&1 || true
     before_write
@@ -158,10 +233,13 @@ nfs_rw() { # NAME ROUND: write, then read back, the big file
     r=$(timeit nfs-cp "$big" "$work/back.bin")
     if ((i == 1)); then cmp -s "$work/src.bin" "$work/back.bin" || { echo "$name: NFS read-back differs" >&2; exit 1; }; fi
     rm -f "$work/back.bin"
+    before_read
+    p=$("$work/nfspread" "$root?$q" /big.bin "$depth")
     "$work/nfsbench" "$root?$q" rm /big.bin
     add "$name.nfs_w" "$w"
     add "$name.nfs_r" "$r"
-    log "$name nfs round $i: write $w s, read $r s"
+    add "$name.nfs_rp" "$p"
+    log "$name nfs round $i: write $w s, read $r s, read with $depth in flight $p s"
 }
 nfs_create() { # NAME ROUND: the libnfs create loop
     local name=$1 i=$2 t
@@ -320,6 +398,7 @@ PY
 }
 row "NFSv3 (vs ganesha VFS)" "sequential write ${size_mib} MiB (nfs-cp)" nfs_w MiB/s ganesha "$size_mib"
 row "NFSv3 (vs ganesha VFS)" "sequential read ${size_mib} MiB (nfs-cp)" nfs_r MiB/s ganesha "$size_mib"
+row "NFSv3 (vs ganesha VFS)" "sequential read ${size_mib} MiB, $depth × 1 MiB READs in flight (libnfs async)" nfs_rp MiB/s ganesha "$size_mib"
 row "NFSv3 (vs ganesha VFS)" "create+write 4 KiB files, one mount (libnfs loop, $nfiles files)" nfs_c files/s ganesha "$nfiles"
 row "NFSv3 (vs ganesha VFS)" "create 4 KiB files, nfs-cp per file ($cpfiles files)" nfs_cp files/s ganesha "$cpfiles"
 row "SFTP (vs sshd internal-sftp)" "put ${size_mib} MiB (sftp -b, $cipher)" sftp_p MiB/s sshd "$size_mib"
