@@ -252,6 +252,11 @@ fn folder_too_large() -> S3Error {
     err(S3ErrorCode::EntityTooLarge, format!("a key ending in '/' names a directory, which holds at most {FOLDER_BYTES_MAX} bytes as an object"))
 }
 
+/// The refusal of a conditional write of a folder object.
+fn folder_conditions() -> S3Error {
+    err(S3ErrorCode::NotImplemented, "conditional writes of folder objects (keys ending in '/') are not supported")
+}
+
 /// Makes directory `path` below `bucket` the folder object `path/` holding `content`, with
 /// `meta` and `tags` (replacing what it had); returns its ETag.
 fn put_folder(engine: &Engine, caller: &Caller, bucket: Ino, path: &str, content: &[u8], meta: &ObjectMeta, tags: &[(String, String)]) -> S3Result<String> {
@@ -2048,7 +2053,7 @@ impl S3 for AquiferS3 {
         let content_md5 = input.content_md5;
         if let Some(path) = folder {
             if if_match.is_some() || if_none_match.is_some() {
-                return Err(err(S3ErrorCode::NotImplemented, "conditional writes of folder objects (keys ending in '/') are not supported"));
+                return Err(folder_conditions());
             }
             if input.content_length.is_some_and(|n| n > FOLDER_BYTES_MAX as i64) {
                 return Err(folder_too_large());
@@ -2645,7 +2650,8 @@ impl S3 for AquiferS3 {
         let engine = self.engine.clone();
         let caller = self.caller(&req)?;
         let input = req.input;
-        // A folder object's upload (`prefix/`) may be made; its parts must be empty.
+        // A folder object's upload (`prefix/`) may be made; its parts hold at most
+        // FOLDER_BYTES_MAX in all.
         parse_key(&input.key)?;
         let key = input.key.clone();
         let mode = object_mode(input.acl.as_ref())?;
@@ -2780,6 +2786,9 @@ impl S3 for AquiferS3 {
         let (if_match, if_none_match) = (input.if_match, input.if_none_match);
         let (etag, version_id) = blocking(move || {
             let (b, upload) = upload_of(&engine, &caller, &bucket, &key, &id)?;
+            if matches!(parse_key(&key)?, KeyForm::Dir(_)) && (if_match.is_some() || if_none_match.is_some()) {
+                return Err(folder_conditions());
+            }
             check_put_conditions(&engine, &caller, b.ino, &key, if_match.as_ref(), if_none_match.as_ref())?;
             let parts = engine.multipart_list_parts(&caller, &id).map_err(|e| map_err(e, Missing::Upload))?;
             let mut md5s = Md5::new();

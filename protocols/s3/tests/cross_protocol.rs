@@ -163,6 +163,9 @@ async fn folder_objects_are_directories_listed_as_objects() {
     let ((contents, _), body) = list("docs/", "/").await;
     assert_eq!(contents, ["docs/"]);
     assert!(body.contains("<Size>4</Size>"), "{body}");
+    let res = s.signed("PUT", "/fold/docs/", &[], b"other".to_vec()).header("if-none-match", "*").send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 501, "conditional writes of folder objects are not supported");
+    assert_eq!(s.call("GET", "/fold/docs/", &[], vec![]).await, (200, "text".to_string()));
     // A multipart upload of a folder object: its parts' bytes become the content.
     let (st, body) = s.call("POST", "/fold/notes/", &[("uploads", "")], vec![]).await;
     assert_eq!(st, 200, "{body}");
