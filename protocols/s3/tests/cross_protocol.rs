@@ -179,6 +179,13 @@ async fn folder_objects_are_directories_listed_as_objects() {
     assert_eq!(st, 200, "{body}");
     assert_eq!(s.call("GET", "/fold/notes/", &[], vec![]).await, (200, "remember".to_string()));
     assert_eq!(list("", "").await.0 .0, ["docs/", "notes/", "plainer/sub/f"]);
+    // ListObjectVersions shows folder objects as the `null` versions of their keys.
+    let (st, body) = s.call("GET", "/fold", &[("versions", "")], vec![]).await;
+    assert_eq!(st, 200, "{body}");
+    let keys: Vec<&str> = body.split("<Version>").skip(1).map(|v| v.split("<Key>").nth(1).unwrap().split("</Key>").next().unwrap()).collect();
+    assert_eq!(keys, ["docs/", "notes/", "plainer/sub/f"], "{body}");
+    let notes = body.split("<Version>").nth(2).unwrap();
+    assert!(notes.contains("<VersionId>null</VersionId>") && notes.contains("<Size>8</Size>"), "{notes}");
     let (st, body) = s.call("GET", "/fold", &[("uploads", "")], vec![]).await;
     assert_eq!(st, 200);
     assert!(!body.contains("<Upload>"), "the completed upload is gone: {body}");
