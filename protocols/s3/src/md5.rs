@@ -39,6 +39,13 @@ impl Md5 {
             Md5::Portable(h) => h.finalize().into(),
         }
     }
+
+    /// The MD5 of `data`, in one go.
+    pub(crate) fn digest(data: impl AsRef<[u8]>) -> [u8; 16] {
+        let mut h = Md5::new();
+        h.update(data);
+        h.finalize()
+    }
 }
 
 /// The MD5 of an upload's body, hashed chunk by chunk on one hashing thread shared by all

@@ -258,23 +258,26 @@ fn folder_conditions() -> S3Error {
 }
 
 /// Makes directory `path` below `bucket` the folder object `path/` holding `content`, with
-/// `meta` and `tags` (replacing what it had); returns its ETag.
-fn put_folder(engine: &Engine, caller: &Caller, bucket: Ino, path: &str, content: &[u8], meta: &ObjectMeta, tags: &[(String, String)]) -> S3Result<String> {
+/// `meta` and `tags` (replacing what it had). Its ETag is the MD5 of `content`.
+fn put_folder(engine: &Engine, caller: &Caller, bucket: Ino, path: &str, content: &[u8], meta: &ObjectMeta, tags: &[(String, String)]) -> S3Result<()> {
     if content.len() > FOLDER_BYTES_MAX {
         return Err(folder_too_large());
     }
     let dir = make_dirs(engine, caller, bucket, path)?;
-    for name in [XATTR_META, XATTR_TAGS] {
-        match engine.removexattr(caller, dir.ino, name) {
+    remove_xattrs(engine, caller, dir.ino, &[XATTR_META, XATTR_TAGS])?;
+    write_object_xattrs(engine, caller, dir.ino, meta, tags)?;
+    engine.setxattr(caller, dir.ino, XATTR_FOLDER_OBJECT, content).map_err(|e| map_err(e, Missing::Key))
+}
+
+/// Removes the extended attributes `names` of `ino` that it has.
+fn remove_xattrs(engine: &Engine, caller: &Caller, ino: Ino, names: &[&[u8]]) -> S3Result<()> {
+    for name in names {
+        match engine.removexattr(caller, ino, name) {
             Ok(()) | Err(Error::NotFound) => {}
             Err(e) => return Err(map_err(e, Missing::Key)),
         }
     }
-    write_object_xattrs(engine, caller, dir.ino, meta, tags)?;
-    engine.setxattr(caller, dir.ino, XATTR_FOLDER_OBJECT, content).map_err(|e| map_err(e, Missing::Key))?;
-    let mut h = Md5::new();
-    h.update(content);
-    Ok(hex::encode(h.finalize()))
+    Ok(())
 }
 
 /// The content of folder object `ino` (a directory); `None` when it is no folder object.
@@ -345,14 +348,7 @@ fn delete_unversioned(engine: &Engine, caller: &Caller, bucket: Ino, key: &str) 
             if let Ok(parent) = parent {
                 // The folder object goes; the directory with it only when it is empty.
                 match engine.lookup(caller, parent, name.as_bytes()) {
-                    Ok(a) if a.kind == FileKind::Dir => {
-                        for name in [XATTR_FOLDER_OBJECT, XATTR_META, XATTR_TAGS] {
-                            match engine.removexattr(caller, a.ino, name) {
-                                Ok(()) | Err(Error::NotFound) => {}
-                                Err(e) => return Err(map_err(e, Missing::Key)),
-                            }
-                        }
-                    }
+                    Ok(a) if a.kind == FileKind::Dir => remove_xattrs(engine, caller, a.ino, &[XATTR_FOLDER_OBJECT, XATTR_META, XATTR_TAGS])?,
                     Ok(_) | Err(Error::NotFound) => return Ok(()),
                     Err(e) => return Err(map_err(e, Missing::Key)),
                 }
@@ -435,9 +431,7 @@ fn etag_of(engine: &Engine, caller: &Caller, attr: &Attr) -> S3Result<String> {
 fn list_etag(engine: &Engine, caller: &Caller, attr: &Attr) -> String {
     if attr.kind == FileKind::Dir {
         // A folder object (`prefix/`).
-        let mut h = Md5::new();
-        h.update(folder_content(engine, attr.ino).unwrap_or_default());
-        return hex::encode(h.finalize());
+        return hex::encode(Md5::digest(folder_content(engine, attr.ino).unwrap_or_default()));
     }
     if let Some(e) = stored_etag(engine, caller, attr) {
         return e;
@@ -901,9 +895,7 @@ impl PutPlan {
     /// A whole body in one go: hashed, checked against Content-MD5, staged (unless it was),
     /// written and published. Returns the ETag and the version id.
     fn whole(&self, staged: Option<(Ino, Staged, Option<Acl>)>, data: Vec<u8>, content_md5: Option<&str>) -> S3Result<(String, Option<String>)> {
-        let mut h = Md5::new();
-        h.update(&data);
-        let md5 = h.finalize();
+        let md5 = Md5::digest(&data);
         check_content_md5(content_md5, &md5)?;
         let etag = hex::encode(md5);
         let (bucket_ino, staged, acl) = match staged {
@@ -1189,10 +1181,8 @@ fn view_object(engine: &Engine, caller: &Caller, bucket: &str, key: &str, versio
             if !content.is_empty() && engine.access(caller, attr.ino, ACCESS_READ).map_err(|e| map_err(e, Missing::Key))? & ACCESS_READ == 0 {
                 return Err(err(S3ErrorCode::AccessDenied, "the directory's mode does not let you read it"));
             }
-            let mut h = Md5::new();
-            h.update(&content);
             Ok(Some(ObjectView {
-                etag: hex::encode(h.finalize()),
+                etag: hex::encode(Md5::digest(&content)),
                 meta: load_meta(engine, caller, attr.ino),
                 tags: load_tags(engine, caller, attr.ino).len(),
                 attr: Attr { size: content.len() as u64, ..attr },
@@ -2058,35 +2048,19 @@ impl S3 for AquiferS3 {
             if input.content_length.is_some_and(|n| n > FOLDER_BYTES_MAX as i64) {
                 return Err(folder_too_large());
             }
-            let mut content = Vec::new();
-            let mut body = body;
-            while let Some(piece) = body.next().await {
-                let piece = piece.map_err(|e| err(S3ErrorCode::IncompleteBody, format!("read request body: {e}")))?;
-                if content.len() + piece.len() > FOLDER_BYTES_MAX {
-                    return Err(folder_too_large());
-                }
-                check.hasher.update(&piece);
-                content.extend_from_slice(&piece);
-            }
-            let mut h = Md5::new();
-            h.update(&content);
-            let md5: [u8; 16] = h.finalize().into();
+            let content = match receive_small(body, &mut check).await? {
+                Received::Whole(data) if data.len() <= FOLDER_BYTES_MAX => data,
+                _ => return Err(folder_too_large()),
+            };
+            let md5 = Md5::digest(&content);
             check_content_md5(content_md5.as_deref(), &md5)?;
             let sums = check.verify(trailers.as_ref())?;
-            let etag = blocking(move || {
+            blocking(move || {
                 let b = bucket_attr(&engine, &caller, &bucket)?;
                 put_folder(&engine, &caller, b.ino, &path, &content, &meta, &tags)
             })
             .await?;
-            return Ok(S3Response::new(PutObjectOutput {
-                e_tag: Some(quoted(&etag)),
-                checksum_crc32: sums.checksum_crc32,
-                checksum_crc32c: sums.checksum_crc32c,
-                checksum_sha1: sums.checksum_sha1,
-                checksum_sha256: sums.checksum_sha256,
-                checksum_crc64nvme: sums.checksum_crc64nvme,
-                ..Default::default()
-            }));
+            return Ok(S3Response::new(put_object_output(hex::encode(md5), None, sums)));
         }
         let put = PutPlan {
             engine: engine.clone(),
@@ -2820,9 +2794,9 @@ impl S3 for AquiferS3 {
                     let p = parts.iter().find(|p| p.number == *n).expect("checked above");
                     content.extend(engine.read(&caller, p.ino, 0, p.size as usize).map_err(|e| map_err(e, Missing::Upload))?);
                 }
-                let etag = put_folder(&engine, &caller, b.ino, path, &content, &meta, &tags)?;
+                put_folder(&engine, &caller, b.ino, path, &content, &meta, &tags)?;
                 engine.multipart_abort(&caller, &id).map_err(|e| map_err(e, Missing::Upload))?;
-                return Ok((etag, None));
+                return Ok((hex::encode(Md5::digest(&content)), None));
             }
             // The canned ACL given at CreateMultipartUpload: the object is published with its
             // mode (private = 0600), never visible with a wider one.
