@@ -18,6 +18,7 @@
 //! [`READAHEAD_BYTES_MAX`].
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use storage_engine::{Attr, Caller, Engine, Ino, ReadBytes};
@@ -56,6 +57,8 @@ type Key = (Ino, u32, u32, Vec<u32>);
 #[derive(Default)]
 pub(crate) struct Readahead {
     files: Mutex<(HashMap<Key, FileState>, u64)>,
+    /// Windows started so far (each one engine read of up to [`WINDOW_BYTES`]).
+    windows_started: AtomicU64,
 }
 
 fn stamp(a: &Attr) -> (u64, i64, i64) {
@@ -95,11 +98,21 @@ impl Readahead {
             // side, so they come here in any order among themselves: a READ a little behind
             // or ahead of the furthest end is as sequential as one right at it.
             let sequential = st.last_end != u64::MAX && off <= st.last_end.saturating_add(WINDOW_BYTES) && off.saturating_add(WINDOW_BYTES) >= st.last_end;
-            st.last_end = if sequential { st.last_end.max(end) } else { end };
+            // A READ further behind that a window still covers is a straggler of the same run:
+            // it leaves the run's end where it is. Any other READ starts a new run.
+            if sequential {
+                st.last_end = st.last_end.max(end);
+            } else if !st.windows.iter().any(|w| w.start <= off && end <= w.start + WINDOW_BYTES) {
+                st.last_end = end;
+            }
+            // Windows are kept in flight up to this far ahead of the furthest read, not of this
+            // one: a READ that arrives a little behind the others must not drop the window the
+            // one ahead of it just started (it would be read again by the next READ).
+            let reach = st.last_end.saturating_add(WINDOWS_AHEAD * WINDOW_BYTES);
             // Windows more than one behind this read (a READ still in flight may want the
-            // one just behind), or beyond the ones it keeps in flight (left from an earlier
-            // pass over the file), are of no use.
-            st.windows.retain(|w| w.start + 2 * WINDOW_BYTES > off && w.start < end + WINDOWS_AHEAD * WINDOW_BYTES);
+            // one just behind), or beyond the reach (left from an earlier pass over the
+            // file), are of no use.
+            st.windows.retain(|w| w.start + 2 * WINDOW_BYTES > off && w.start < reach);
             let hit = st.windows.iter().find(|w| w.start <= off && end <= w.start + WINDOW_BYTES).map(|w| (w.start, w.rx.clone()));
             // Windows to start, to keep them in flight from the end of this read on.
             let mut starts = Vec::new();
@@ -108,7 +121,7 @@ impl Readahead {
                 if let Some(last) = st.windows.last() {
                     next = next.max(last.start + WINDOW_BYTES);
                 }
-                while next < attr.size && next < end + WINDOWS_AHEAD * WINDOW_BYTES {
+                while next < attr.size && next < reach {
                     starts.push(next);
                     next += WINDOW_BYTES;
                 }
@@ -119,6 +132,7 @@ impl Readahead {
                 let fit = (READAHEAD_BYTES_MAX.saturating_sub(held) / WINDOW_BYTES) as usize;
                 let st = files.get_mut(&key).expect("made above, kept by make_room");
                 for start in starts.into_iter().take(fit) {
+                    self.windows_started.fetch_add(1, Ordering::Relaxed);
                     st.windows.push(Window { start, rx: spawn_fill(engine, caller, attr.ino, start, WINDOW_BYTES) });
                 }
             }
@@ -234,6 +248,50 @@ mod tests {
             let got = read(off).await.unwrap_or_else(|| panic!("READ at {} MiB not served from a window", off / MIB));
             assert!(got == data[off as usize..(off + MIB) as usize], "READ at {} MiB: other bytes", off / MIB);
         }
+    }
+
+    /// A pipelined reader (8 READs in flight, arriving in any order among themselves) has
+    /// each window read once: a READ that arrives behind the others keeps the windows the
+    /// ones ahead of it started.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_in_flight_read_each_window_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 256 << 20, 4, 2);
+        cfg.argon2_memory_kib = 64;
+        cfg.admin_password = Some("admin-password".into());
+        let engine = Engine::open(cfg).unwrap();
+        let c = Caller::system();
+        const MIB: u64 = 1 << 20;
+        let size = 160 * MIB;
+        let data: Vec<u8> = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        let f = engine.create(&c, storage_engine::ROOT_INO, b"big", 0o644, true).unwrap();
+        engine.write(&c, f.ino, 0, &data, storage_engine::Stability::Durable).unwrap();
+        let attr = engine.getattr(&c, f.ino).unwrap();
+        let ra = Readahead::default();
+        // A client keeps 8 READs in flight and sends the next one as each is answered; of
+        // those in flight, any may reach the table first (a fixed pseudo-random pick), but
+        // none falls more than 12 MiB behind the newest.
+        let (mut inflight, mut next, mut seed, mut served) = (Vec::new(), 0, 0x9e37_79b9_u64, 0);
+        loop {
+            while inflight.len() < 8 && next < size {
+                inflight.push(next);
+                next += MIB;
+            }
+            if inflight.is_empty() {
+                break;
+            }
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let oldest = (0..inflight.len()).min_by_key(|&i| inflight[i]).expect("not empty");
+            let pick = if inflight[oldest] + 12 * MIB < next { oldest } else { (seed >> 33) as usize % inflight.len() };
+            let off = inflight.swap_remove(pick);
+            if let Some(b) = ra.read(&engine, &c, &attr, off, MIB as usize).await {
+                assert!(b[..] == data[off as usize..(off + MIB) as usize], "READ at {} MiB: other bytes", off / MIB);
+                served += 1;
+            }
+        }
+        let started = ra.windows_started.load(Ordering::Relaxed);
+        assert!(served >= size / MIB - 16, "only {served} READs served from windows");
+        assert!(started <= size.div_ceil(WINDOW_BYTES) + 1, "{started} windows started for a {} MiB file", size / MIB);
     }
 
     #[test]
