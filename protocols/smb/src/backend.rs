@@ -621,13 +621,6 @@ struct Chunk {
 }
 
 impl Chunk {
-    fn covers(&self, offset: u64, len: u64) -> bool {
-        let end = self.offset + self.len as u64;
-        offset >= self.offset && (offset + len <= end || (self.at_eof && offset <= end))
-    }
-}
-
-impl Chunk {
     /// Bytes `from..to` of the chunk (relative to its start): a slice of one piece, or a copy
     /// when the range crosses pieces.
     fn slice(&self, from: usize, to: usize) -> Bytes {
@@ -664,21 +657,84 @@ impl Drop for Chunk {
     }
 }
 
-/// Sequential read state of one handle: where the last READ ended, the chunk being served and
-/// the next one being read.
+/// A read-ahead chunk of a handle: read, or being read on the blocking pool.
+enum Slot {
+    Ready(Chunk),
+    Reading(tokio::task::JoinHandle<SmbResult<Chunk>>),
+}
+
+/// Sequential read state of one handle: the furthest end of the READs of the current run, and
+/// the chunks around it, in file order, each starting where the one before ends: one or two
+/// behind the furthest READ (pipelined READs still on their way want them) and up to
+/// [`READ_AHEAD_DEPTH`] ahead of it.
 #[derive(Default)]
 struct ReadAhead {
     next: u64,
-    chunk: Option<Chunk>,
-    /// Chunks being read, in file order, each starting where the one before ends.
-    pending: std::collections::VecDeque<(u64, tokio::task::JoinHandle<SmbResult<Chunk>>)>,
+    /// `(start, length asked for, chunk)`.
+    chunks: std::collections::VecDeque<(u64, u64, Slot)>,
+    /// Chunks started for this handle (each one engine read).
+    started: u64,
+    /// READs of a run read on their own, outside its chunks.
+    direct: u64,
 }
 
 impl ReadAhead {
     fn clear(&mut self) {
-        self.chunk = None;
-        // A read still running finishes on its own; its chunk is dropped with the handle.
-        self.pending.clear();
+        // A read still running finishes on its own; its chunk is dropped when it is done.
+        self.chunks.clear();
+    }
+
+    /// Where the chunks end (where the next one would start).
+    fn end(&self) -> Option<u64> {
+        self.chunks.back().map(|(start, len, _)| start + len)
+    }
+
+    /// The chunks' stretch holds `[offset, offset + len)` (or its start, at the file's end).
+    fn spans(&self, offset: u64, len: u64) -> bool {
+        match (self.chunks.front(), self.end()) {
+            (Some((start, _, _)), Some(end)) => *start <= offset && offset + len <= end,
+            _ => false,
+        }
+    }
+
+    /// Waits for the chunks that overlap `[offset, offset + len)` and answers their bytes:
+    /// a slice of one chunk's piece, or a copy across chunks. `None` when a chunk failed, is
+    /// stale (not of `current`) or ends before the range does (short of the file's end).
+    async fn serve(&mut self, offset: u64, len: u64, current: Stamp) -> Option<Bytes> {
+        let end = offset + len;
+        let mut parts: Vec<Bytes> = Vec::new();
+        for (start, asked, slot) in self.chunks.iter_mut() {
+            if *start + *asked <= offset || end <= *start {
+                continue;
+            }
+            if let Slot::Reading(task) = slot {
+                match task.await {
+                    Ok(Ok(c)) => *slot = Slot::Ready(c),
+                    _ => return None,
+                }
+            }
+            let Slot::Ready(c) = slot else { unreachable!("made ready above") };
+            if c.stamp != current {
+                return None;
+            }
+            let from = offset.max(c.offset) - c.offset;
+            let to = (end.min(c.offset + *asked) - c.offset).min(c.len as u64);
+            parts.push(c.slice(from.min(to) as usize, to as usize));
+            if c.at_eof {
+                break;
+            }
+        }
+        match parts.len() {
+            0 => None,
+            1 => parts.pop(),
+            _ => {
+                let mut all = Vec::with_capacity(len as usize);
+                for p in parts {
+                    all.extend_from_slice(&p);
+                }
+                Some(Bytes::from(all))
+            }
+        }
     }
 }
 
@@ -731,62 +787,67 @@ impl Handle for EngineHandle {
         let mut ra = self.ahead.lock().await;
         let want = u64::from(len);
         // Read-ahead starts with the second READ that continues the one before. The library
-        // runs a connection's READs concurrently, so a client's pipelined READs may take this
-        // lock slightly out of order: one that falls in the chunk being served or the one being
-        // read continues the sequence too.
-        let in_pending = ra.pending.iter().any(|(start, _)| *start <= offset && offset + want <= start + READ_AHEAD as u64);
-        let sequential = offset > 0 && (offset == ra.next || ra.chunk.as_ref().is_some_and(|c| c.covers(offset, want)) || in_pending);
-        // A READ that arrived just behind the sequence (its neighbour took the lock first) is
-        // read on its own, leaving the read-ahead to the READs after it.
-        let straggler = offset < ra.next && ra.next - offset <= 2 * READ_AHEAD as u64;
-        if !sequential && straggler && len > 0 {
-            return Ok(Bytes::from(self.read_bytes(offset, len as usize).await?));
-        }
-        if !sequential || len == 0 {
+        // runs a connection's READs concurrently, so a client's pipelined READs take this lock
+        // in any order among themselves: one that falls in the chunks kept, or near the
+        // furthest end so far, continues the run as well.
+        let near = ra.next > 0 && offset <= ra.next + 2 * READ_AHEAD as u64 && offset + 2 * READ_AHEAD as u64 >= ra.next;
+        let spans = ra.spans(offset, want);
+        let beyond = ra.end().is_none_or(|e| offset >= e);
+        let sequential = len > 0 && offset > 0 && (spans || (beyond && (offset == ra.next || (near && !ra.chunks.is_empty()))));
+        if !sequential {
+            if len > 0 && near && !ra.chunks.is_empty() {
+                // Behind the run's chunks, or across their end: read on its own, the run left
+                // as it is for the READs around it.
+                ra.direct += 1;
+                return Ok(Bytes::from(self.read_bytes(offset, len as usize).await?));
+            }
             ra.clear();
             let out = self.read_bytes(offset, len as usize).await?;
             ra.next = offset + out.len() as u64;
             return Ok(Bytes::from(out));
         }
-        if !ra.chunk.as_ref().is_some_and(|c| c.covers(offset, want)) {
-            ra.chunk = None;
-            // Chunks before the one holding `offset` are passed over.
-            while ra.chunk.is_none() && ra.pending.front().is_some_and(|(start, _)| *start <= offset) {
-                let (_, task) = ra.pending.pop_front().expect("front checked");
-                match task.await {
-                    Ok(Ok(c)) if c.covers(offset, want) => ra.chunk = Some(c),
-                    _ => {}
-                }
-            }
-        }
         let current = self.read_meta(|e, c, ino| e.getattr(c, ino)).await.map(|a| Stamp::of(&a))?;
-        if ra.chunk.as_ref().is_some_and(|c| c.stamp != current) {
-            ra.clear();
-        }
-        if ra.chunk.is_none() {
+        let chunk_len = READ_AHEAD.max(len as usize) as u64;
+        // Chunks up to this READ: the first of a run starts at it; a READ that arrives ahead
+        // of the chunks (its neighbours behind it still on their way) extends them to it.
+        while !ra.spans(offset, want) {
             if self.ahead_bytes.load(Ordering::Relaxed) + READ_AHEAD > READ_AHEAD_BUDGET {
+                let out = self.read_bytes(offset, len as usize).await?;
+                ra.next = ra.next.max(offset + out.len() as u64);
+                return Ok(Bytes::from(out));
+            }
+            let start = ra.end().unwrap_or(offset);
+            let (engine, caller, ino, budget) = (self.engine.clone(), self.caller.clone(), self.ino, self.ahead_bytes.clone());
+            ra.started += 1;
+            ra.chunks.push_back((start, chunk_len, Slot::Reading(tokio::task::spawn_blocking(move || read_chunk(&engine, &caller, ino, start, chunk_len as usize, budget)))));
+        }
+        let out = match ra.serve(offset, want, current).await {
+            Some(out) => out,
+            None => {
+                // A chunk failed or the file changed since it was read: read directly.
+                ra.clear();
                 let out = self.read_bytes(offset, len as usize).await?;
                 ra.next = offset + out.len() as u64;
                 return Ok(Bytes::from(out));
             }
-            let (engine, caller, ino, budget) = (self.engine.clone(), self.caller.clone(), self.ino, self.ahead_bytes.clone());
-            let size = READ_AHEAD.max(len as usize);
-            ra.chunk = Some(blocking(move || read_chunk(&engine, &caller, ino, offset, size, budget)).await?);
+        };
+        ra.next = ra.next.max(offset + out.len() as u64);
+        // Chunks more than two behind the furthest READ are of no more use.
+        let keep_from = ra.next.saturating_sub(2 * READ_AHEAD as u64);
+        while ra.chunks.len() > 1 && ra.chunks.front().is_some_and(|(start, asked, _)| start + asked <= keep_from) {
+            ra.chunks.pop_front();
         }
-        let chunk = ra.chunk.as_ref().expect("chunk installed above");
-        let from = (offset - chunk.offset) as usize;
-        let to = (from + len as usize).min(chunk.len);
-        let out = chunk.slice(from.min(to), to);
-        let (chunk_end, at_eof) = (chunk.offset + chunk.len as u64, chunk.at_eof);
-        ra.next = offset + out.len() as u64;
-        // Read the next chunks while the client takes this one, not past the file's end.
-        while !at_eof && ra.pending.len() < READ_AHEAD_DEPTH && self.ahead_bytes.load(Ordering::Relaxed) + READ_AHEAD <= READ_AHEAD_BUDGET {
-            let next = ra.pending.back().map_or(chunk_end, |(start, _)| start + READ_AHEAD as u64);
-            if next >= current.size {
+        // Read the next chunks while the client takes these, not past the file's end.
+        let at_eof = ra.chunks.iter().any(|(_, _, s)| matches!(s, Slot::Ready(c) if c.at_eof));
+        let reach = ra.next + (READ_AHEAD_DEPTH as u64) * chunk_len;
+        while !at_eof && self.ahead_bytes.load(Ordering::Relaxed) + READ_AHEAD <= READ_AHEAD_BUDGET {
+            let next = ra.end().expect("a chunk is kept");
+            if next >= current.size || next >= reach {
                 break;
             }
             let (engine, caller, ino, budget) = (self.engine.clone(), self.caller.clone(), self.ino, self.ahead_bytes.clone());
-            ra.pending.push_back((next, tokio::task::spawn_blocking(move || read_chunk(&engine, &caller, ino, next, READ_AHEAD, budget))));
+            ra.started += 1;
+            ra.chunks.push_back((next, chunk_len, Slot::Reading(tokio::task::spawn_blocking(move || read_chunk(&engine, &caller, ino, next, chunk_len as usize, budget)))));
         }
         Ok(out)
     }
@@ -1160,6 +1221,45 @@ mod tests {
         engine.shutdown().unwrap();
     }
 
+    /// A client with 8 READs in flight, which take the handle's lock in any order among
+    /// themselves: every READ after the first two is served from the run's chunks, and each
+    /// chunk is read once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pipelined_reads_in_any_order_read_each_chunk_once() {
+        let dir = tempfile::tempdir().unwrap();
+        const MIB: u64 = 1 << 20;
+        let size = 64 * MIB + 4321;
+        let content: Vec<u8> = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        let (engine, ino) = engine_with_file(dir.path(), &content);
+        let budget = Arc::new(AtomicUsize::new(0));
+        let h = handle(&engine, ino, &budget);
+        // The next READ is sent as one is answered; of the 8 in flight any may come first (a
+        // fixed pseudo-random pick), none more than 6 MiB behind the newest.
+        let (mut inflight, mut next, mut seed) = (Vec::new(), 0u64, 0x2545_f491_u64);
+        loop {
+            while inflight.len() < 8 && next < size {
+                inflight.push(next);
+                next += MIB;
+            }
+            if inflight.is_empty() {
+                break;
+            }
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let oldest = (0..inflight.len()).min_by_key(|&i| inflight[i]).expect("not empty");
+            let pick = if inflight[oldest] + 6 * MIB < next { oldest } else { (seed >> 33) as usize % inflight.len() };
+            let off = inflight.swap_remove(pick);
+            let b = h.read(off, MIB as u32).await.unwrap();
+            let want = &content[off as usize..(off + MIB).min(size) as usize];
+            assert!(b[..] == *want, "READ at {} MiB: {} bytes, other than the file's", off / MIB, b.len());
+        }
+        let ra = h.ahead.lock().await;
+        assert!(ra.direct <= 2, "{} READs read outside the chunks", ra.direct);
+        assert!(ra.started <= size.div_ceil(READ_AHEAD as u64) + 1, "{} chunks read for {} MiB", ra.started, size / MIB);
+        drop(ra);
+        drop(h);
+        engine.shutdown().unwrap();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn owner_group_and_mode_change_under_the_engine_rules() {
         let dir = tempfile::tempdir().unwrap();
@@ -1266,7 +1366,6 @@ mod chunk_tests {
         assert_eq!(&c.slice(0, 6)[..], b"abcdef");
         assert_eq!(&c.slice(5, 6)[..], b"f");
         assert!(c.slice(6, 6).is_empty());
-        assert!(c.covers(103, 3) && c.covers(106, 10) && !c.covers(99, 1));
         drop(c);
         assert_eq!(budget.load(Ordering::Relaxed), 0, "the read-ahead budget is given back");
     }
