@@ -809,7 +809,11 @@ impl Handle for EngineHandle {
         let current = self.read_meta(|e, c, ino| e.getattr(c, ino)).await.map(|a| Stamp::of(&a))?;
         let chunk_len = READ_AHEAD.max(len as usize) as u64;
         // Chunks up to this READ: the first of a run starts at it; a READ that arrives ahead
-        // of the chunks (its neighbours behind it still on their way) extends them to it.
+        // of the chunks (its neighbours behind it still on their way) extends them to it. One
+        // far past them (READs were served directly meanwhile) starts the run over from it.
+        if ra.end().is_some_and(|e| offset >= e + 2 * READ_AHEAD as u64) {
+            ra.clear();
+        }
         while !ra.spans(offset, want) {
             if self.ahead_bytes.load(Ordering::Relaxed) + READ_AHEAD > READ_AHEAD_BUDGET {
                 let out = self.read_bytes(offset, len as usize).await?;
