@@ -216,6 +216,8 @@ pub(crate) enum Command {
     /// Append the extents of `parts` (orphans) to `ino` in order, then delete the parts.
     Concat { ino: Ino, parts: Vec<Ino>, now: i64 },
     SetXattr { caller: Caller, ino: Ino, name: Vec<u8>, value: Option<Vec<u8>>, now: i64 },
+    /// Removes `remove` (names the inode lacks are passed over), then sets `set`: one change.
+    SetXattrs { caller: Caller, ino: Ino, remove: Vec<Vec<u8>>, set: Vec<(Vec<u8>, Vec<u8>)>, now: i64 },
     DeleteOrphan { ino: Ino },
     /// Versioned-bucket changes (versions.rs).
     Version(crate::versions::VersionCmd),
@@ -1592,6 +1594,32 @@ impl Engine {
                     events: vec![ChangeEvent { ino: *ino, version: rec.version, kind: ChangeKind::Attr }],
                 })
             }
+            Command::SetXattrs { caller, ino, remove, set, now } => {
+                for name in remove {
+                    validate_xattr(name, None)?;
+                }
+                for (name, value) in set {
+                    validate_xattr(name, Some(value))?;
+                }
+                let mut rec = self.load(*ino)?;
+                if caller.uid != 0 && caller.uid != rec.uid {
+                    check(caller, &rec, W)?;
+                }
+                // In batch order: a name both removed and set ends up set.
+                for name in remove {
+                    batch.delete_cf(self.cf(CF_XATTRS), xattr_key(*ino, name));
+                }
+                for (name, value) in set {
+                    batch.put_cf(self.cf(CF_XATTRS), xattr_key(*ino, name), value);
+                }
+                rec.ctime_ns = *now;
+                rec.version += 1;
+                self.put_inode(batch, *ino, &rec);
+                Ok(Applied {
+                    attr: Some(attr_of(*ino, &rec)),
+                    events: vec![ChangeEvent { ino: *ino, version: rec.version, kind: ChangeKind::Attr }],
+                })
+            }
             Command::DeleteOrphan { ino } => {
                 if self.db.get_cf(self.cf(CF_ORPHANS), be64(*ino))?.is_none() {
                     return Err(Error::NotFound);
@@ -2088,6 +2116,24 @@ impl Engine {
         self.remote_refuse(caller, ino, "removexattr")?;
         check_reserved_xattr(caller, name)?;
         let cmd = Command::SetXattr { caller: caller.clone(), ino, name: name.to_vec(), value: None, now: self.now() };
+        self.execute(cmd, false).map(|_| ())
+    }
+
+    /// Removes the extended attributes `remove` of `ino` (names it lacks are passed over) and
+    /// sets those of `set`, as one change: a reader sees all of it or none of it, and a
+    /// refusal (permission, a bad name or value) changes nothing.
+    pub fn set_xattrs(&self, caller: &Caller, ino: Ino, remove: &[&[u8]], set: &[(&[u8], &[u8])]) -> Result<()> {
+        self.remote_refuse(caller, ino, "setxattr")?;
+        for name in remove.iter().chain(set.iter().map(|(n, _)| n)) {
+            check_reserved_xattr(caller, name)?;
+        }
+        let cmd = Command::SetXattrs {
+            caller: caller.clone(),
+            ino,
+            remove: remove.iter().map(|n| n.to_vec()).collect(),
+            set: set.iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect(),
+            now: self.now(),
+        };
         self.execute(cmd, false).map(|_| ())
     }
 

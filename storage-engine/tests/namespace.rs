@@ -223,6 +223,26 @@ fn xattrs_and_statfs() {
     e.removexattr(&c, f.ino, b"user.k").unwrap();
     assert!(matches!(e.getxattr(&c, f.ino, b"user.k"), Err(Error::NotFound)));
     assert!(e.setxattr(&c, f.ino, b"user.big", &vec![0; 70_000]).is_err());
+    // Several at once: removals (absent names passed over), then sets, all or nothing.
+    e.setxattr(&c, f.ino, b"user.old", b"1").unwrap();
+    e.setxattr(&c, f.ino, b"user.again", b"2").unwrap();
+    e.set_xattrs(&c, f.ino, &[b"user.old", b"user.absent", b"user.again"], &[(b"user.a", b"x"), (b"user.again", b"3")]).unwrap();
+    let mut names = e.listxattr(&c, f.ino).unwrap();
+    names.sort();
+    assert_eq!(names, vec![b"user.a".to_vec(), b"user.again".to_vec()]);
+    assert_eq!(e.getxattr(&c, f.ino, b"user.again").unwrap(), b"3", "a name removed and set ends up set");
+    let before = e.getattr(&c, f.ino).unwrap();
+    let bad = e.set_xattrs(&c, f.ino, &[b"user.a"], &[(b"user.b", b"y"), (b"user.big", &vec![0; 70_000])]);
+    assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{bad:?}");
+    assert_eq!(e.getxattr(&c, f.ino, b"user.a").unwrap(), b"x", "a refused change removes nothing");
+    assert!(matches!(e.getxattr(&c, f.ino, b"user.b"), Err(Error::NotFound)), "and sets nothing");
+    let alice = user(&e, "alice");
+    assert!(matches!(e.set_xattrs(&alice, f.ino, &[], &[(b"user.c", b"z")]), Err(Error::PermissionDenied)));
+    assert!(matches!(e.set_xattrs(&alice, f.ino, &[b"trusted.x"], &[]), Err(Error::PermissionDenied)));
+    assert_eq!(e.getattr(&c, f.ino).unwrap().ctime_ns, before.ctime_ns, "refusals change no time");
+    for n in [b"user.a".as_slice(), b"user.again"] {
+        e.removexattr(&c, f.ino, n).unwrap();
+    }
     let s = e.statfs(&c).unwrap();
     assert!(s.total_bytes > 0 && s.free_bytes <= s.total_bytes);
     assert_eq!(s.files, 2);

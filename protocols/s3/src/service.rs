@@ -264,20 +264,12 @@ fn put_folder(engine: &Engine, caller: &Caller, bucket: Ino, path: &str, content
         return Err(folder_too_large());
     }
     let dir = make_dirs(engine, caller, bucket, path)?;
-    remove_xattrs(engine, caller, dir.ino, &[XATTR_META, XATTR_TAGS])?;
-    write_object_xattrs(engine, caller, dir.ino, meta, tags)?;
-    engine.setxattr(caller, dir.ino, XATTR_FOLDER_OBJECT, content).map_err(|e| map_err(e, Missing::Key))
-}
-
-/// Removes the extended attributes `names` of `ino` that it has.
-fn remove_xattrs(engine: &Engine, caller: &Caller, ino: Ino, names: &[&[u8]]) -> S3Result<()> {
-    for name in names {
-        match engine.removexattr(caller, ino, name) {
-            Ok(()) | Err(Error::NotFound) => {}
-            Err(e) => return Err(map_err(e, Missing::Key)),
-        }
-    }
-    Ok(())
+    // Content, metadata and tags in one change: a reader never sees new content with the
+    // metadata of the folder object it replaced.
+    let mut set = object_xattrs(meta, tags);
+    set.push((XATTR_FOLDER_OBJECT, content.to_vec()));
+    let set: Vec<(&[u8], &[u8])> = set.iter().map(|(n, v)| (*n, &v[..])).collect();
+    engine.set_xattrs(caller, dir.ino, &[XATTR_META, XATTR_TAGS], &set).map_err(|e| map_err(e, Missing::Key))
 }
 
 /// The content of folder object `ino` (a directory); `None` when it is no folder object.
@@ -348,7 +340,15 @@ fn delete_unversioned(engine: &Engine, caller: &Caller, bucket: Ino, key: &str) 
             if let Ok(parent) = parent {
                 // The folder object goes; the directory with it only when it is empty.
                 match engine.lookup(caller, parent, name.as_bytes()) {
-                    Ok(a) if a.kind == FileKind::Dir => remove_xattrs(engine, caller, a.ino, &[XATTR_FOLDER_OBJECT, XATTR_META, XATTR_TAGS])?,
+                    Ok(a) if a.kind == FileKind::Dir => {
+                        // Its content, metadata and tags go in one change (none to remove on a
+                        // directory that is no folder object: nothing changes).
+                        let names = engine.listxattr(&Caller::system(), a.ino).map_err(|e| map_err(e, Missing::Key))?;
+                        let held: Vec<&[u8]> = [XATTR_FOLDER_OBJECT, XATTR_META, XATTR_TAGS].into_iter().filter(|n| names.iter().any(|h| h == n)).collect();
+                        if !held.is_empty() {
+                            engine.set_xattrs(caller, a.ino, &held, &[]).map_err(|e| map_err(e, Missing::Key))?;
+                        }
+                    }
                     Ok(_) | Err(Error::NotFound) => return Ok(()),
                     Err(e) => return Err(map_err(e, Missing::Key)),
                 }
@@ -606,14 +606,27 @@ fn user_metadata(m: &ObjectMeta) -> Option<Metadata> {
 }
 
 /// Sets the S3 xattrs of a staged or fresh file.
-fn write_object_xattrs(engine: &Engine, caller: &Caller, ino: Ino, meta: &ObjectMeta, tags: &[(String, String)]) -> S3Result<()> {
+/// The extended attributes that keep an object's metadata and tags (none for empty ones).
+fn object_xattrs(meta: &ObjectMeta, tags: &[(String, String)]) -> Vec<(&'static [u8], Vec<u8>)> {
+    let mut out = Vec::with_capacity(3);
     if !meta.is_empty() {
-        engine.setxattr(caller, ino, XATTR_META, &meta.encode()).map_err(|e| map_err(e, Missing::Key))?;
+        out.push((XATTR_META, meta.encode()));
     }
     if !tags.is_empty() {
-        engine.setxattr(caller, ino, XATTR_TAGS, &encode_tags(tags)).map_err(|e| map_err(e, Missing::Key))?;
+        out.push((XATTR_TAGS, encode_tags(tags)));
     }
-    Ok(())
+    out
+}
+
+/// Records a new object's ETag (for the data of `attr`), metadata, tags and `more` on its
+/// file in one change. The file is the caller's own, made by the request that publishes it,
+/// so this runs as the system.
+fn record_object(engine: &Engine, ino: Ino, etag: &str, attr: &Attr, meta: &ObjectMeta, tags: &[(String, String)], more: &[(&[u8], &[u8])]) -> S3Result<()> {
+    let mut set = vec![(XATTR_ETAG, StoredEtag { etag: etag.to_string(), size: attr.size, mtime_ns: attr.mtime_ns }.encode())];
+    set.extend(object_xattrs(meta, tags));
+    let mut set: Vec<(&[u8], &[u8])> = set.iter().map(|(n, v)| (*n, &v[..])).collect();
+    set.extend_from_slice(more);
+    engine.set_xattrs(&Caller::system(), ino, &[], &set).map_err(|e| map_err(e, Missing::Key))
 }
 
 // ------------------------------------------------------------------ conditions
@@ -1079,8 +1092,7 @@ pub(crate) fn base64_decode(s: &str) -> Option<Vec<u8>> {
 fn publish(engine: &Engine, caller: &Caller, bucket: Ino, key: &str, ino: Ino, etag: &str, meta: &ObjectMeta, tags: &[(String, String)]) -> S3Result<(Attr, Option<String>)> {
     engine.close(caller, ino).map_err(|e| map_err(e, Missing::Key))?;
     let staged = engine.getattr(caller, ino).map_err(|e| map_err(e, Missing::Key))?;
-    save_etag(engine, ino, etag, &staged).map_err(|e| map_err(e, Missing::Key))?;
-    write_object_xattrs(engine, caller, ino, meta, tags)?;
+    record_object(engine, ino, etag, &staged, meta, tags, &[])?;
     let versioning = bucket_versioning(engine, bucket);
     let mut tries = 0;
     loop {
@@ -2803,12 +2815,10 @@ impl S3 for AquiferS3 {
             let versioning = bucket_versioning(&engine, b.ino);
             let (attr, version_id) =
                 engine.multipart_complete_versioned(&caller, &id, &wanted, &[], mode, versioning).map_err(|e| map_err(e, Missing::Upload))?;
-            // The object is published; its ETag and metadata follow at once. A reader in
-            // between computes the MD5 itself.
-            save_etag(&engine, attr.ino, &etag, &attr).map_err(|e| map_err(e, Missing::Key))?;
-            let sizes = StoredParts { size: attr.size, mtime_ns: attr.mtime_ns, parts: part_sizes };
-            engine.setxattr(&Caller::system(), attr.ino, XATTR_PARTS, &sizes.encode()).map_err(|e| map_err(e, Missing::Key))?;
-            write_object_xattrs(&engine, &caller, attr.ino, &meta, &tags)?;
+            // The object is published; its ETag, part sizes, metadata and tags follow at once,
+            // in one change. A reader in between computes the MD5 itself.
+            let sizes = StoredParts { size: attr.size, mtime_ns: attr.mtime_ns, parts: part_sizes }.encode();
+            record_object(&engine, attr.ino, &etag, &attr, &meta, &tags, &[(XATTR_PARTS, &sizes)])?;
             Ok((etag, version_id.filter(|_| versioning == Some(VersionMode::Enabled))))
         })
         .await?;

@@ -131,6 +131,12 @@ async fn folder_objects_are_directories_listed_as_objects() {
     let (st, body) = s.call("GET", "/fold", &[("list-type", "2"), ("start-after", "photos/")], vec![]).await;
     assert_eq!(st, 200);
     assert_eq!(listed(&body).0, ["photos/a.jpg", "plainer/sub/f"]);
+    // DELETE of `prefix/` on a directory that is no folder object changes nothing.
+    let ctime = || s.with_engine(|e| e.resolve(&Caller::system(), "fold/plainer").unwrap().ctime_ns);
+    let before = ctime().await;
+    assert_eq!(s.call("DELETE", "/fold/plainer/", &[], vec![]).await.0, 204);
+    assert_eq!(ctime().await, before, "the directory is not touched");
+    assert_eq!(list("plainer/", "").await.0 .0, ["plainer/sub/f"]);
 
     // Removing the last object below it leaves the folder object (and its directory).
     assert_eq!(s.call("DELETE", "/fold/photos/a.jpg", &[], vec![]).await.0, 204);
