@@ -750,6 +750,24 @@ fn read_chunk(engine: &Engine, caller: &Caller, ino: Ino, offset: u64, len: usiz
 }
 
 impl EngineHandle {
+    async fn write_from(&self, offset: u64, data: std::borrow::Cow<'_, [u8]>) -> SmbResult<u32> {
+        if self.is_dir {
+            return Err(SmbError::IsDirectory);
+        }
+        let n = u32::try_from(data.len()).map_err(|_| SmbError::NotSupported)?;
+        self.wrote.store(true, Ordering::Relaxed);
+        self.ahead.lock().await.clear();
+        // Unstable: collected in the engine's write buffer and flushed in whole stripes; FLUSH
+        // (fsync on the client) commits, CLOSE flushes. A write that only adds to the buffer
+        // is done here, without a trip to a blocking thread.
+        if self.engine.try_write_buffered(&self.caller, self.ino, offset, &data).map_err(smb_error)? {
+            return Ok(n);
+        }
+        let data = data.into_owned();
+        self.with(move |e, c, ino| e.write(c, ino, offset, &data, Stability::Unstable)).await?;
+        Ok(n)
+    }
+
     async fn with<T: Send + 'static>(&self, f: impl FnOnce(&Engine, &Caller, Ino) -> storage_engine::Result<T> + Send + 'static) -> SmbResult<T> {
         let (engine, caller, ino) = (self.engine.clone(), self.caller.clone(), self.ino);
         blocking(move || f(&engine, &caller, ino).map_err(smb_error)).await
@@ -856,25 +874,14 @@ impl Handle for EngineHandle {
         Ok(out)
     }
 
+    /// A WRITE's data where it lies in the request: a write that only adds to the engine's
+    /// write buffer copies it from there, once.
     async fn write(&self, offset: u64, data: &[u8]) -> SmbResult<u32> {
-        self.write_owned(offset, data.to_vec()).await
+        self.write_from(offset, std::borrow::Cow::Borrowed(data)).await
     }
 
     async fn write_owned(&self, offset: u64, data: Vec<u8>) -> SmbResult<u32> {
-        if self.is_dir {
-            return Err(SmbError::IsDirectory);
-        }
-        let n = u32::try_from(data.len()).map_err(|_| SmbError::NotSupported)?;
-        self.wrote.store(true, Ordering::Relaxed);
-        self.ahead.lock().await.clear();
-        // Unstable: collected in the engine's write buffer and flushed in whole stripes; FLUSH
-        // (fsync on the client) commits, CLOSE flushes. A write that only adds to the buffer
-        // is done here, without a trip to a blocking thread.
-        if self.engine.try_write_buffered(&self.caller, self.ino, offset, &data).map_err(smb_error)? {
-            return Ok(n);
-        }
-        self.with(move |e, c, ino| e.write(c, ino, offset, &data, Stability::Unstable)).await?;
-        Ok(n)
+        self.write_from(offset, std::borrow::Cow::Owned(data)).await
     }
 
     async fn flush(&self) -> SmbResult<()> {

@@ -27,7 +27,8 @@ pub async fn handle(
     hdr: &Smb2Header,
     body: &[u8],
 ) -> HandlerResponse {
-    let req = match WriteRequest::parse(body) {
+    // Aquifer patch: the data is written from the request where it lies.
+    let (req, data_at) = match WriteRequest::parse_in_place(body) {
         Ok(r) => r,
         Err(_) => return HandlerResponse::err(ntstatus::STATUS_INVALID_PARAMETER),
     };
@@ -105,7 +106,7 @@ pub async fn handle(
         file.break_leases(Trigger::Write);
     }
 
-    let mut result = handle.write_owned(req.offset, req.data).await;
+    let mut result = handle.write(req.offset, &body[data_at]).await;
     if result.is_ok() {
         open.wrote.store(true, Ordering::Release);
     }

@@ -50,6 +50,36 @@ impl WriteRequest {
     pub fn parse(buf: &[u8]) -> ProtoResult<Self> {
         Ok(Self::read(&mut Cursor::new(buf))?)
     }
+
+    /// Aquifer patch: [`Self::parse`] without copying the data: the request
+    /// with `data` empty, and where its `length` bytes lie in `buf` (the
+    /// body after the SMB2 header). The same requests are refused as by
+    /// `parse`. A MiB-sized WRITE's data was copied out of its frame into a
+    /// zeroed buffer before the backend copied it again.
+    pub fn parse_in_place(buf: &[u8]) -> ProtoResult<(Self, std::ops::Range<usize>)> {
+        const FIXED: usize = (WriteRequest::STANDARD_DATA_OFFSET as usize) - 64;
+        let fixed = buf.get(..FIXED).ok_or(crate::proto::error::ProtoError::Malformed("WRITE request shorter than its fixed part"))?;
+        let length = u32::from_le_bytes(fixed[4..8].try_into().expect("four bytes"));
+        // The fixed fields with Length 0 decode (and are checked) as the
+        // whole request's would; the data's place is checked here as
+        // `read_buf_at` checks it.
+        let mut head = fixed.to_vec();
+        head[4..8].copy_from_slice(&0u32.to_le_bytes());
+        let mut req = Self::parse(&head)?;
+        req.length = length;
+        if length == 0 {
+            return Ok((req, 0..0));
+        }
+        if req.data_offset < Self::STANDARD_DATA_OFFSET {
+            return Err(crate::proto::error::ProtoError::Malformed("WRITE data offset inside the fixed part"));
+        }
+        let start = usize::from(req.data_offset) - 64;
+        let end = start + length as usize;
+        if end > buf.len() {
+            return Err(crate::proto::error::ProtoError::Malformed("WRITE data past the end of the request"));
+        }
+        Ok((req, start..end))
+    }
     pub fn write_to(&self, out: &mut Vec<u8>) -> ProtoResult<()> {
         let mut c = Cursor::new(Vec::new());
         BinWrite::write(self, &mut c)?;
@@ -148,6 +178,41 @@ mod tests {
             .write_to(&mut below)
             .unwrap();
         assert!(WriteRequest::parse(&below).is_err());
+    }
+
+    /// Parsing in place accepts and refuses what `parse` does, and finds the
+    /// bytes `parse` copies.
+    #[test]
+    fn parse_in_place_finds_the_data_parse_copies() {
+        let mut cases: Vec<Vec<u8>> = Vec::new();
+        for (offset, length, fill, tail) in [
+            (WriteRequest::STANDARD_DATA_OFFSET, 4, vec![], b"DATA".to_vec()),
+            (0x78, 3, b"PADPADPA".to_vec(), b"XYZ".to_vec()),
+            (0x68, 3, vec![], b"XYZ".to_vec()),
+            (WriteRequest::STANDARD_DATA_OFFSET, 0, vec![0x41], vec![]),
+            (WriteRequest::STANDARD_DATA_OFFSET, 5, vec![], b"shor".to_vec()),
+            (0x1000, 1, vec![], b"far".to_vec()),
+        ] {
+            let mut body = Vec::new();
+            request(offset, length, fill).write_to(&mut body).unwrap();
+            body.extend_from_slice(&tail);
+            cases.push(body);
+        }
+        let whole = cases[0].clone();
+        cases.extend((0..whole.len()).map(|n| whole[..n].to_vec()));
+        let mut bad_size = whole.clone();
+        bad_size[0] = 48;
+        cases.push(bad_size);
+        for body in &cases {
+            match (WriteRequest::parse(body), WriteRequest::parse_in_place(body)) {
+                (Ok(copied), Ok((req, at))) => {
+                    assert_eq!(&body[at], &copied.data[..]);
+                    assert_eq!(WriteRequest { data: copied.data.clone(), ..req }, copied);
+                }
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("{body:?}: parse {a:?}, in place {b:?}"),
+            }
+        }
     }
 
     #[test]
