@@ -54,6 +54,10 @@ pub struct HandlerResponse {
     /// `body` starts with [`SMB2_HEADER_LEN`] bytes of room for the header
     /// (Aquifer patch).
     pub(crate) header_room: bool,
+    /// Bytes that follow `body` (a READ's data, Aquifer patch): a lone,
+    /// unencrypted response sends them from where they lie; otherwise they
+    /// are joined to the body.
+    pub(crate) tail: Option<bytes::Bytes>,
 }
 
 impl HandlerResponse {
@@ -67,6 +71,7 @@ impl HandlerResponse {
             take_preauth_snapshot_for_session: None,
             after_send: Vec::new(),
             header_room: false,
+            tail: None,
         }
     }
 
@@ -75,6 +80,13 @@ impl HandlerResponse {
     pub(crate) fn ok_after_header(body: Vec<u8>) -> Self {
         let mut resp = Self::ok(body);
         resp.header_room = true;
+        resp
+    }
+
+    /// [`Self::ok_after_header`] with `tail` following the body.
+    pub(crate) fn ok_after_header_with_tail(body: Vec<u8>, tail: bytes::Bytes) -> Self {
+        let mut resp = Self::ok_after_header(body);
+        resp.tail = Some(tail);
         resp
     }
 
@@ -91,6 +103,7 @@ impl HandlerResponse {
             take_preauth_snapshot_for_session: None,
             after_send: Vec::new(),
             header_room: false,
+            tail: None,
         }
     }
 }
@@ -98,6 +111,8 @@ impl HandlerResponse {
 /// One response of a frame, before the responses are joined.
 struct Reply {
     bytes: Vec<u8>,
+    /// Bytes following `bytes` in the response, sent from where they lie.
+    tail: Option<bytes::Bytes>,
     /// The key and algorithm the response is signed with.
     signing_key: Option<([u8; 16], SigningAlgo)>,
     /// The session the response is encrypted for and its keys, when it
@@ -105,6 +120,13 @@ struct Reply {
     cipher: Option<(u64, Arc<SessionCipher>)>,
     after_send: Vec<AfterSend>,
     form: ReplyForm,
+}
+
+impl Reply {
+    /// Bytes of the response, its tail included.
+    fn len(&self) -> usize {
+        self.bytes.len() + self.tail.as_ref().map_or(0, |t| t.len())
+    }
 }
 
 /// How a response header is formed: a response sent at once, the interim
@@ -153,6 +175,9 @@ impl ReplyCtx {
         resp.skip_signing |=
             self.cipher.is_some() || self.encrypted || matches!(form, ReplyForm::Interim(_));
         let after_send = std::mem::take(&mut resp.after_send);
+        // A READ's data stays where it lies unless the frame is encrypted
+        // (then it is joined to the body below).
+        let tail = if self.cipher.is_none() && !self.encrypted { resp.tail.take() } else { None };
         let granted = match form {
             ReplyForm::Final(_) => 0,
             ReplyForm::Sync | ReplyForm::Interim(_) => grant_credits(conn, &self.hdr),
@@ -161,6 +186,7 @@ impl ReplyCtx {
             build_response_bytes(conn, &self.hdr, resp, self.session.as_ref(), granted, form).await;
         Reply {
             bytes,
+            tail,
             signing_key,
             cipher: self.cipher.clone().map(|c| (self.hdr.session_id, c)),
             after_send,
@@ -326,7 +352,10 @@ pub(crate) async fn dispatch_frame(
     frame: &[u8],
 ) -> Option<Outgoing> {
     let out = dispatch_frame_unsealed(server, conn, frame).await?;
-    match out.bytes.seal() {
+    match out.bytes.seal().map(|(mut bytes, tail)| {
+        bytes.extend_from_slice(tail.as_deref().unwrap_or_default());
+        bytes
+    }) {
         Ok(bytes) => Some(Outgoing {
             bytes,
             after_send: out.after_send,
@@ -611,7 +640,7 @@ async fn take_cancels(server: &Arc<ServerState>, conn: &Arc<Connection>, chain: 
 fn fits(replies: &[Reply], len: usize, remaining: usize) -> bool {
     let response_len = replies
         .iter()
-        .fold(0, |sum, r| align_8(sum) + r.bytes.len());
+        .fold(0, |sum, r| align_8(sum) + r.len());
     align_8(response_len) + len + remaining * ERROR_RESPONSE_ROOM + TRANSFORM_HEADER_LEN
         <= MAX_FRAME_PAYLOAD as usize
 }
@@ -628,9 +657,9 @@ async fn push_reply(
     remaining: usize,
     encrypted: bool,
 ) {
-    if !fits(replies, reply.bytes.len(), remaining) {
+    if !fits(replies, reply.len(), remaining) {
         warn!(
-            len = reply.bytes.len(),
+            len = reply.len(),
             "response does not fit in one frame"
         );
         if req_hdr.command == Command::Create
@@ -646,6 +675,7 @@ async fn push_reply(
         let (bytes, signing_key) =
             build_response_bytes(conn, req_hdr, error, None, granted, reply.form).await;
         reply.bytes = bytes;
+        reply.tail = None;
         reply.signing_key = signing_key;
     }
     replies.push(reply);
@@ -780,10 +810,18 @@ async fn stitch_responses(responses: Vec<Reply>) -> Unsealed {
     let mut signatures = Vec::with_capacity(responses.len());
     let response_count = responses.len();
 
+    let mut lone_tail = None;
     for (index, reply) in responses.into_iter().enumerate() {
         let mut response = reply.bytes;
+        // A lone response keeps its tail apart; in a compound one it is
+        // joined to its response.
+        let mut len = response.len() + reply.tail.as_ref().map_or(0, |t| t.len());
+        match reply.tail {
+            Some(tail) if response_count == 1 => lone_tail = Some(tail),
+            Some(tail) => response.extend_from_slice(&tail),
+            None => {}
+        }
         let start = out.len();
-        let mut len = response.len();
         if index + 1 < response_count {
             len = align_8(len);
             response[0x14..0x18].copy_from_slice(&(len as u32).to_le_bytes());
@@ -801,6 +839,7 @@ async fn stitch_responses(responses: Vec<Reply>) -> Unsealed {
 
     Unsealed {
         bytes: out,
+        tail: lone_tail,
         signatures,
         cipher: None,
     }
@@ -1334,7 +1373,7 @@ async fn build_response_bytes(
     // Aquifer patch: a body that starts with room for the header (a READ's
     // MiB) gets the header written there instead of being copied behind it;
     // the signature is computed once, by the writer, over the joined frame.
-    let out = if handler_resp.header_room && handler_resp.body.len() >= SMB2_HEADER_LEN {
+    let mut out = if handler_resp.header_room && handler_resp.body.len() >= SMB2_HEADER_LEN {
         let mut body = handler_resp.body;
         body[..SMB2_HEADER_LEN].copy_from_slice(&out);
         body
@@ -1342,6 +1381,10 @@ async fn build_response_bytes(
         out.extend_from_slice(&handler_resp.body);
         out
     };
+    // A tail the reply does not keep apart is joined here.
+    if let Some(tail) = handler_resp.tail {
+        out.extend_from_slice(&tail);
+    }
     (out, should_sign.then_some(key))
 }
 

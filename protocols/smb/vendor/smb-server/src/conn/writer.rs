@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::proto::crypto::{SessionCipher, SigningAlgo, TRANSFORM_HEADER_LEN, sign};
+use crate::proto::crypto::{SessionCipher, SigningAlgo, TRANSFORM_HEADER_LEN, sign, sign_with_tail};
 use crate::proto::error::{ProtoError, ProtoResult};
 use crate::proto::framing::{MAX_FRAME_PAYLOAD, encode_frame};
 use tokio::io::{AsyncWriteExt, WriteHalf};
@@ -31,6 +31,9 @@ pub const QUEUED_NOTICE_BYTES: usize = 1024 * 1024;
 /// next request while a MiB-sized READ response is signed and sent.
 pub struct Unsealed {
     pub(crate) bytes: Vec<u8>,
+    /// Bytes of the frame after `bytes` that lie apart (a lone READ
+    /// response's data): signed and sent from where they lie.
+    pub(crate) tail: Option<bytes::Bytes>,
     /// Start, length, signing key and algorithm of each response in
     /// `bytes` to sign (Aquifer patch: a session bound to several
     /// connections signs with each channel's key and algorithm).
@@ -44,6 +47,7 @@ impl Unsealed {
     pub(crate) fn plain(bytes: Vec<u8>) -> Self {
         Self {
             bytes,
+            tail: None,
             signatures: Vec::new(),
             cipher: None,
         }
@@ -51,23 +55,47 @@ impl Unsealed {
 
     /// Bytes of the sealed frame.
     fn len(&self) -> usize {
-        self.bytes.len() + if self.cipher.is_some() { TRANSFORM_HEADER_LEN } else { 0 }
+        self.bytes.len()
+            + self.tail.as_ref().map_or(0, |t| t.len())
+            + if self.cipher.is_some() { TRANSFORM_HEADER_LEN } else { 0 }
     }
 
     /// Signs each response, then encrypts the frame when it must be. Each
     /// encryption takes a fresh nonce from the session's counter, so frames
     /// sealed in any order never share one.
-    pub(crate) fn seal(mut self) -> ProtoResult<Vec<u8>> {
+    /// The sealed frame is the bytes answered, followed by the tail answered
+    /// (only without encryption: an encrypted frame is one buffer).
+    pub(crate) fn seal(mut self) -> ProtoResult<(Vec<u8>, Option<bytes::Bytes>)> {
+        let head = self.bytes.len();
+        let tail = self.tail.as_deref().unwrap_or_default();
         for &(start, len, key, algo) in &self.signatures {
-            let response = self
-                .bytes
-                .get_mut(start..start + len)
-                .ok_or(ProtoError::Malformed("signed response outside its frame"))?;
-            sign(response, &key, algo)?;
+            let end = start + len;
+            if end <= head {
+                let response = self
+                    .bytes
+                    .get_mut(start..end)
+                    .ok_or(ProtoError::Malformed("signed response outside its frame"))?;
+                sign(response, &key, algo)?;
+            } else {
+                // The response runs on into the tail.
+                let in_tail = tail
+                    .get(..end - head)
+                    .ok_or(ProtoError::Malformed("signed response outside its frame"))?;
+                let response = self
+                    .bytes
+                    .get_mut(start..)
+                    .ok_or(ProtoError::Malformed("signed response outside its frame"))?;
+                sign_with_tail(response, in_tail, &key, algo)?;
+            }
         }
         match self.cipher {
-            Some((session_id, cipher)) => cipher.encrypt(session_id, &self.bytes),
-            None => Ok(self.bytes),
+            Some((session_id, cipher)) => {
+                if let Some(tail) = self.tail.take() {
+                    self.bytes.extend_from_slice(&tail);
+                }
+                Ok((cipher.encrypt(session_id, &self.bytes)?, None))
+            }
+            None => Ok((self.bytes, self.tail)),
         }
     }
 }
@@ -236,7 +264,11 @@ impl FramePayload {
     fn into_bytes(self) -> Vec<u8> {
         match self.body {
             Body::Sealed(bytes) => bytes,
-            Body::Unsealed(frame) => frame.seal().expect("frame seals"),
+            Body::Unsealed(frame) => {
+                let (mut bytes, tail) = frame.seal().expect("frame seals");
+                bytes.extend_from_slice(tail.as_deref().unwrap_or_default());
+                bytes
+            }
         }
     }
 }
@@ -253,6 +285,23 @@ impl Drop for ResponseReceiver {
 /// Responses up to this size are copied behind their frame header and sent
 /// with one write; larger ones are sent as header, then payload.
 const INLINE_FRAME_BYTES: usize = 64 * 1024;
+
+/// Writes `parts` in order, as few writes as the socket takes.
+async fn write_all_vectored(writer: &mut WriteHalf<TcpStream>, mut parts: [&[u8]; 3]) -> std::io::Result<()> {
+    while parts.iter().any(|p| !p.is_empty()) {
+        let slices = parts.map(std::io::IoSlice::new);
+        let mut n = writer.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        for p in parts.iter_mut() {
+            let k = n.min(p.len());
+            *p = &p[k..];
+            n -= k;
+        }
+    }
+    Ok(())
+}
 
 /// The 4-byte Direct-TCP header of a `len`-byte payload.
 fn encode_frame_header(len: usize, out: &mut Vec<u8>) -> crate::proto::error::ProtoResult<()> {
@@ -275,10 +324,10 @@ pub async fn writer_task(
             _slot,
             _notice,
         } = payload;
-        let bytes = match body {
-            Body::Sealed(bytes) => bytes,
+        let (bytes, tail) = match body {
+            Body::Sealed(bytes) => (bytes, None),
             Body::Unsealed(frame) => match frame.seal() {
-                Ok(bytes) => bytes,
+                Ok(sealed) => sealed,
                 Err(e) => {
                     error!(error = %e, "cannot sign or encrypt response; closing connection");
                     return;
@@ -286,30 +335,35 @@ pub async fn writer_task(
             },
         };
         // Aquifer patch: a large response (a READ's MiB) goes out behind its
-        // 4-byte frame header instead of being copied into a new buffer
-        // with it; small ones are still joined into one write.
-        let large = bytes.len() > INLINE_FRAME_BYTES;
-        let mut out = Vec::with_capacity(if large { 4 } else { bytes.len() + 4 });
+        // 4-byte frame header, with its data from where it lies, in one
+        // vectored write instead of being copied into a new buffer with
+        // them; small ones are still joined into one buffer.
+        let tail = tail.unwrap_or_default();
+        let payload = bytes.len() + tail.len();
+        let large = payload > INLINE_FRAME_BYTES;
+        let mut out = Vec::with_capacity(if large { 4 } else { payload + 4 });
         let framed = if large {
-            encode_frame_header(bytes.len(), &mut out)
-        } else {
+            encode_frame_header(payload, &mut out)
+        } else if tail.is_empty() {
             encode_frame(&bytes, &mut out)
+        } else {
+            encode_frame(&[&bytes[..], &tail[..]].concat(), &mut out)
         };
         if let Err(e) = framed {
             error!(
                 error = %e,
-                len = bytes.len(),
+                len = payload,
                 "cannot frame response; closing connection"
             );
             return;
         }
-        let len = out.len() + if large { bytes.len() } else { 0 };
+        let len = out.len() + if large { payload } else { 0 };
         let write = async {
-            writer.write_all(&out).await?;
             if large {
-                writer.write_all(&bytes).await?;
+                write_all_vectored(&mut writer, [&out[..], &bytes[..], &tail[..]]).await
+            } else {
+                writer.write_all(&out).await
             }
-            Ok::<(), std::io::Error>(())
         };
         match tokio::time::timeout(io_timeout, write).await {
             Ok(Ok(())) => debug!(len, "wrote frame"),
@@ -342,6 +396,52 @@ mod tests {
         encode_frame_header(payload.len(), &mut head).unwrap();
         assert_eq!(head[..], joined[..4]);
         assert!(encode_frame_header(MAX_FRAME_PAYLOAD as usize + 1, &mut head).is_err());
+    }
+
+    /// A response whose data lies apart is signed over it and sent with it,
+    /// behind one frame header: the bytes on the wire are those of the
+    /// response joined first.
+    #[tokio::test]
+    async fn a_response_with_a_tail_goes_out_as_the_joined_response() {
+        let mut head = vec![0u8; 64 + 16];
+        head[..4].copy_from_slice(&[0xFE, b'S', b'M', b'B']);
+        head[16..20].copy_from_slice(&0x0000_0009u32.to_le_bytes());
+        let tail = bytes::Bytes::from((0..300_000u32).map(|i| (i * 7) as u8).collect::<Vec<u8>>());
+        let key = [9u8; 16];
+        let len = head.len() + tail.len();
+        let apart = Unsealed {
+            bytes: head.clone(),
+            tail: Some(tail.clone()),
+            signatures: vec![(0, len, key, SigningAlgo::AesGmac)],
+            cipher: None,
+        };
+        let joined = Unsealed {
+            bytes: [&head[..], &tail[..]].concat(),
+            tail: None,
+            signatures: vec![(0, len, key, SigningAlgo::AesGmac)],
+            cipher: None,
+        };
+        let (want, none) = joined.seal().unwrap();
+        assert!(none.is_none());
+        // Through the writer task and a socket.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        let (server, _) = listener.accept().await.unwrap();
+        let (_, w) = tokio::io::split(server);
+        let (tx, rx) = response_queue();
+        tx.send(apart).await.unwrap();
+        drop(tx);
+        writer_task(w, rx, Duration::from_secs(5)).await;
+        let got = client.await.unwrap();
+        assert_eq!(got[..4], (want.len() as u32).to_be_bytes());
+        assert!(got[4..] == want[..], "the wire bytes are the joined response's");
     }
 
     #[tokio::test]

@@ -12,6 +12,10 @@ use crate::handlers::shared::{channel_is_valid, lookup_open, lookup_session_tree
 use crate::ntstatus;
 use crate::server::ServerState;
 
+/// READ data above this size is sent from where it lies instead of copied
+/// into the response (Aquifer patch).
+const TAIL_BYTES_MIN: usize = 64 * 1024;
+
 pub async fn handle(
     _server: &Arc<ServerState>,
     conn: &Arc<Connection>,
@@ -79,8 +83,13 @@ pub async fn handle(
     if (bytes.is_empty() && req.length > 0) || bytes.len() < req.minimum_count as usize {
         return HandlerResponse::err(ntstatus::STATUS_END_OF_FILE);
     }
-    // Aquifer patch: one copy of the data into the body, behind room for
-    // the header.
+    // Aquifer patch: the body behind room for the header; a large READ's
+    // data follows it from where it lies (the read-ahead's drive buffer),
+    // a small one is copied into it.
+    if bytes.len() > TAIL_BYTES_MIN {
+        let head = ReadResponse::encode_head_after(SMB2_HEADER_LEN, bytes.len(), 0);
+        return HandlerResponse::ok_after_header_with_tail(head, bytes);
+    }
     let buf = ReadResponse::encode_data_after(SMB2_HEADER_LEN, &bytes);
     HandlerResponse::ok_after_header(buf)
 }

@@ -395,6 +395,7 @@ fn more_processing(sid: u64, outbound: &[u8], signed: bool) -> HandlerResponse {
         take_preauth_snapshot_for_session: None,
         after_send: Vec::new(),
         header_room: false,
+        tail: None,
     }
 }
 
@@ -601,6 +602,7 @@ async fn continue_exchange(
         take_preauth_snapshot_for_session: None,
         after_send: Vec::new(),
         header_room: false,
+        tail: None,
     };
 
     // Reauthentication keeps the session, its key and its trees

@@ -18,4 +18,4 @@ pub mod sign;
 pub use encrypt::{Cipher, SessionCipher, TRANSFORM_HEADER_LEN};
 pub use kdf::{signing_key_30, signing_key_311};
 pub use preauth::PreauthIntegrity;
-pub use sign::{SigningAlgo, sign, verify};
+pub use sign::{SigningAlgo, sign, sign_with_tail, verify};

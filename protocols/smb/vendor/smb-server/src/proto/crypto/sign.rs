@@ -88,6 +88,17 @@ fn compute_mac_zeroed_signature(
     key: &[u8; 16],
     algo: SigningAlgo,
 ) -> ProtoResult<[u8; SIG_LEN]> {
+    compute_mac_zeroed_signature_with_tail(msg, &[], key, algo)
+}
+
+/// [`compute_mac_zeroed_signature`] of `msg` followed by `tail`, which lie
+/// apart (Aquifer patch: a READ's data is signed where it lies).
+fn compute_mac_zeroed_signature_with_tail(
+    msg: &[u8],
+    tail: &[u8],
+    key: &[u8; 16],
+    algo: SigningAlgo,
+) -> ProtoResult<[u8; SIG_LEN]> {
     let mut out = [0u8; SIG_LEN];
     let zero_signature = [0u8; SIG_LEN];
     let prefix = &msg[..SIG_OFF];
@@ -100,6 +111,7 @@ fn compute_mac_zeroed_signature(
             mac.update(prefix);
             mac.update(&zero_signature);
             mac.update(suffix);
+            mac.update(tail);
             let full = mac.finalize().into_bytes();
             out.copy_from_slice(&full[..SIG_LEN]);
         }
@@ -109,11 +121,12 @@ fn compute_mac_zeroed_signature(
             mac.update(prefix);
             mac.update(&zero_signature);
             mac.update(suffix);
+            mac.update(tail);
             let full = mac.finalize().into_bytes();
             out.copy_from_slice(&full[..SIG_LEN]);
         }
         SigningAlgo::AesGmac => {
-            out = gmac(&[prefix, &zero_signature, suffix], &gmac_nonce(msg), key)?;
+            out = gmac(&[prefix, &zero_signature, suffix, tail], &gmac_nonce(msg), key)?;
         }
     }
     Ok(out)
@@ -135,6 +148,17 @@ pub fn sign(msg: &mut [u8], key: &[u8; 16], algo: SigningAlgo) -> ProtoResult<()
     let mac = compute_mac_zeroed_signature(msg, key, algo)?;
     msg[SIG_OFF..SIG_OFF + SIG_LEN].copy_from_slice(&mac);
 
+    Ok(())
+}
+
+/// [`sign`] of the message `msg` followed by `tail`, which lie apart: the
+/// signature goes into `msg`'s header (Aquifer patch).
+pub fn sign_with_tail(msg: &mut [u8], tail: &[u8], key: &[u8; 16], algo: SigningAlgo) -> ProtoResult<()> {
+    if msg.len() < SMB2_HEADER_LEN {
+        return Err(ProtoError::Crypto("message too short to sign"));
+    }
+    let mac = compute_mac_zeroed_signature_with_tail(msg, tail, key, algo)?;
+    msg[SIG_OFF..SIG_OFF + SIG_LEN].copy_from_slice(&mac);
     Ok(())
 }
 
@@ -206,6 +230,27 @@ mod tests {
         assert_ne!(&msg[SIG_OFF..SIG_OFF + SIG_LEN], &[0u8; 16]);
 
         verify(&msg, &key, SigningAlgo::HmacSha256).expect("verify ok");
+    }
+
+    /// Signing a message whose end lies apart gives the signature of the
+    /// joined message, for every algorithm.
+    #[test]
+    fn signing_with_a_tail_signs_the_joined_message() {
+        let tail: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
+        for algo in [SigningAlgo::HmacSha256, SigningAlgo::AesCmac, SigningAlgo::AesGmac] {
+            let key = [0x3Cu8; 16];
+            let mut joined = fixture_message();
+            joined.extend_from_slice(&tail);
+            sign(&mut joined, &key, algo).unwrap();
+            let mut head = fixture_message();
+            sign_with_tail(&mut head, &tail, &key, algo).unwrap();
+            assert_eq!(head[..], joined[..100], "{algo:?}");
+            verify(&joined, &key, algo).unwrap();
+            let mut short = fixture_message();
+            short[80] ^= 1;
+            sign_with_tail(&mut short, &tail, &key, algo).unwrap();
+            assert_ne!(short[SIG_OFF..SIG_OFF + SIG_LEN], joined[SIG_OFF..SIG_OFF + SIG_LEN], "{algo:?}");
+        }
     }
 
     #[test]

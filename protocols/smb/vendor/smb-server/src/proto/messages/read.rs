@@ -104,15 +104,24 @@ impl ReadResponse {
     /// [`Self::encode_data`] behind `room` zero bytes, where the caller puts
     /// the SMB2 header without copying the data again.
     pub fn encode_data_after(room: usize, data: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(room + 16 + data.len());
+        let mut out = Self::encode_head_after(room, data.len(), data.len());
+        out.extend_from_slice(data);
+        out
+    }
+
+    /// The body of a successful READ response carrying `len` bytes at the
+    /// standard offset, up to where the data starts, behind `room` zero
+    /// bytes, with capacity for `more` bytes after it: the data follows
+    /// from where it lies.
+    pub fn encode_head_after(room: usize, len: usize, more: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(room + 16 + more);
         out.resize(room, 0);
         out.extend_from_slice(&17u16.to_le_bytes());
         out.push(Self::STANDARD_DATA_OFFSET);
         out.push(0);
-        out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(len as u32).to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
-        out.extend_from_slice(data);
         out
     }
 
