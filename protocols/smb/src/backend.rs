@@ -697,9 +697,10 @@ impl ReadAhead {
         }
     }
 
-    /// Waits for the chunks that overlap `[offset, offset + len)` and answers their bytes:
-    /// a slice of one chunk's piece, or a copy across chunks. `None` when a chunk failed, is
-    /// stale (not of `current`) or ends before the range does (short of the file's end).
+    /// Waits for the chunks that overlap `[offset, offset + len)` (which [`Self::spans`])
+    /// and answers their bytes: a slice of one chunk's piece, or a copy across chunks; short
+    /// only at the file's end. `None` when a chunk's read failed or it is stale (read under
+    /// other attributes than `current`).
     async fn serve(&mut self, offset: u64, len: u64, current: Stamp) -> Option<Bytes> {
         let end = offset + len;
         let mut parts: Vec<Bytes> = Vec::new();
