@@ -367,8 +367,9 @@ impl Engine {
         wo.set_sync(true);
         self.db.write_opt(batch, &wo)?;
         self.concat(target.ino, inos)?;
-        for (k, v) in xattrs {
-            self.setxattr(caller, target.ino, k, v)?;
+        if !xattrs.is_empty() {
+            let set: Vec<(&[u8], &[u8])> = xattrs.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+            self.set_xattrs(caller, target.ino, &[], &set)?;
         }
         let (attr, version) = match versioning {
             Some(v) => {

@@ -2813,12 +2813,16 @@ impl S3 for AquiferS3 {
             // The canned ACL given at CreateMultipartUpload: the object is published with its
             // mode (private = 0600), never visible with a wider one.
             let versioning = bucket_versioning(&engine, b.ino);
+            // Metadata and tags are set before the object is published, so it is never
+            // visible without them.
+            let xattrs: Vec<(Vec<u8>, Vec<u8>)> = object_xattrs(&meta, &tags).into_iter().map(|(n, v)| (n.to_vec(), v)).collect();
             let (attr, version_id) =
-                engine.multipart_complete_versioned(&caller, &id, &wanted, &[], mode, versioning).map_err(|e| map_err(e, Missing::Upload))?;
-            // The object is published; its ETag, part sizes, metadata and tags follow at once,
-            // in one change. A reader in between computes the MD5 itself.
+                engine.multipart_complete_versioned(&caller, &id, &wanted, &xattrs, mode, versioning).map_err(|e| map_err(e, Missing::Upload))?;
+            // The object is published; its ETag and part sizes (which name the data's final
+            // size and time) follow at once, in one change. A reader in between computes
+            // the MD5 itself.
             let sizes = StoredParts { size: attr.size, mtime_ns: attr.mtime_ns, parts: part_sizes }.encode();
-            record_object(&engine, attr.ino, &etag, &attr, &meta, &tags, &[(XATTR_PARTS, &sizes)])?;
+            record_object(&engine, attr.ino, &etag, &attr, &ObjectMeta::default(), &[], &[(XATTR_PARTS, &sizes)])?;
             Ok((etag, version_id.filter(|_| versioning == Some(VersionMode::Enabled))))
         })
         .await?;
