@@ -206,3 +206,45 @@ async fn folder_objects_are_directories_listed_as_objects() {
     assert_eq!((st, common::error_code(&body)), (409, "BucketNotEmpty"), "{body}");
     s.stop().await;
 }
+
+/// A large GET reads the object in windows of several stripes, two in flight: the whole
+/// object and ranges across the windows' edges come back byte for byte, and an object cut
+/// short while it is read ends the body early instead of sending other bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_gets_read_ahead_in_windows_and_stop_at_a_shrunken_object() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/win", &[], vec![]).await.0, 200);
+    const MIB: usize = 1 << 20;
+    let bytes = pattern(45 * MIB + 123, 3);
+    let res = s.signed("PUT", "/win/big", &[], bytes.clone()).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let got = s.signed("GET", "/win/big", &[], vec![]).send().await.unwrap().bytes().await.unwrap();
+    assert!(got[..] == bytes[..], "a whole GET returns the object");
+    // The first read is one stripe (4 MiB), the next ones 16 MiB: ranges across 4, 20 and 36 MiB.
+    for (a, b) in [(0, 10), (4 * MIB - 5, 4 * MIB + 5), (3 * MIB, 39 * MIB), (20 * MIB - 1, 20 * MIB), (36 * MIB, 45 * MIB + 122)] {
+        let res = s.signed("GET", "/win/big", &[], vec![]).header("range", format!("bytes={a}-{b}")).send().await.unwrap();
+        assert_eq!(res.status().as_u16(), 206);
+        let got = res.bytes().await.unwrap();
+        assert!(got[..] == bytes[a..=b], "range {a}-{b}");
+    }
+    // Cut short while it is read: the body ends early (an error for the client), never with
+    // bytes that are not the object's.
+    let mut res = s.signed("GET", "/win/big", &[], vec![]).send().await.unwrap();
+    let first = res.chunk().await.unwrap().unwrap();
+    assert!(first[..] == bytes[..first.len()]);
+    s.with_engine(|e| {
+        let a = e.resolve(&Caller::system(), "win/big").unwrap();
+        e.setattr(&Caller::system(), a.ino, storage_engine::SetAttr { size: Some(MIB as u64), ..Default::default() }).unwrap();
+    })
+    .await;
+    let mut got = first.to_vec();
+    let ended = loop {
+        match res.chunk().await {
+            Ok(Some(c)) => got.extend_from_slice(&c),
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    assert!(got[..] == bytes[..got.len()], "only the object's bytes, in order");
+    assert!(ended.is_err() || got.len() == bytes.len(), "a body cut short ends in an error ({} of {} bytes)", got.len(), bytes.len());
+}
