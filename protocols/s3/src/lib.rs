@@ -18,8 +18,9 @@
 //! request with the owner's permissions.
 //!
 //! Bodies stream: uploads go to the engine in [`PUT_CHUNK_BYTES`] pieces, downloads come
-//! from it in [`READ_PIECE_BYTES_MAX`] pieces, so memory per request does not grow with the
-//! object. The exception is a browser upload (POST Object): s3s holds its file in memory, at
+//! from it in a first [`READ_PIECE_BYTES_MAX`] piece and then 16 MiB windows, two in flight,
+//! within a budget for all downloads together (one piece at a time past it), so memory per
+//! request does not grow with the object. The exception is a browser upload (POST Object): s3s holds its file in memory, at
 //! most [`POST_OBJECT_BYTES_MAX`] (see `post`). See `README.md` in this crate for the
 //! decisions S3 clients can observe.
 
