@@ -201,6 +201,8 @@ pub(crate) struct Claim<'a> {
     pub create_guid: Option<[u8; 16]>,
     /// The name in the request; `None` when it is not a valid name.
     pub name: Option<&'a SmbPath>,
+    /// The connection the request came on (Aquifer patch).
+    pub connection: Option<&'a Arc<Connection>>,
 }
 
 /// Why [`DurableTable::claim`] gave no open.
@@ -562,6 +564,14 @@ impl DurableTable {
         let closing = match &entry.state {
             State::Detached { .. } => false,
             State::Attached { conn } if conn.upgrade().is_none_or(|c| c.is_closing()) => true,
+            // Aquifer patch: an open in a session on another connection (of
+            // the same client, for a leased open: checked above) is waited on
+            // like one on a closing connection: a client reconnects as soon
+            // as it has closed (or lost) the old connection, which the server
+            // may not have read the end of yet (smbtorture's reopen tests met
+            // this on a loaded machine). If that connection stays, the
+            // reconnect fails as before, after the wait.
+            State::Attached { conn } if claim.connection.is_some_and(|c| !std::ptr::eq(conn.as_ptr(), Arc::as_ptr(c))) => true,
             _ => return Err(not_found()),
         };
         if claim.lease != entry.lease
@@ -1004,6 +1014,7 @@ mod tests {
             lease,
             create_guid: None,
             name: Some(&A),
+            connection: None,
         }
     }
 
@@ -1220,6 +1231,31 @@ mod tests {
         assert!(f.table.preserve(open, f.table.sweeps()).await.is_none());
         assert!(wait.has_changed().unwrap());
         assert!(f.table.claim(id, &alice).is_ok());
+    }
+
+    /// Aquifer patch: an owner's reconnect from another connection waits for
+    /// an open still in a session (its connection may be gone unnoticed);
+    /// one from the open's own connection, or from nowhere, is refused.
+    #[tokio::test]
+    async fn a_claim_from_another_connection_waits_for_the_open_to_be_kept() {
+        let f = fixture(8);
+        let open = f.open("a", "alice", 1, LeaseState::RH).await;
+        let id = id_of(&open).await;
+        let not_found = ntstatus::STATUS_OBJECT_NAME_NOT_FOUND;
+        let base = || claim(&f.share, Some("alice"), lease(1).client, Some((lease(1), LeaseVersion::V2)));
+        let other = Arc::new(Connection::new(Uuid::nil(), 1 << 16, 1 << 16));
+        assert_eq!(status(f.table.claim(id, &base())), not_found, "no connection named");
+        assert_eq!(status(f.table.claim(id, &Claim { connection: Some(&f.conn), ..base() })), not_found, "the open's own");
+        let bob = Claim { user: Some("bob"), connection: Some(&other), ..base() };
+        assert_eq!(status(f.table.claim(id, &bob)), not_found, "another user does not wait");
+        let from_other = Claim { connection: Some(&other), ..base() };
+        let Err(Unclaimed::Wait(wait)) = f.table.claim(id, &from_other) else {
+            panic!("an owner's claim from another connection waits");
+        };
+        assert!(!wait.has_changed().unwrap());
+        assert!(f.table.preserve(open, f.table.sweeps()).await.is_none());
+        assert!(wait.has_changed().unwrap());
+        assert!(f.table.claim(id, &from_other).is_ok());
     }
 
     #[tokio::test(start_paused = true)]

@@ -140,6 +140,7 @@ async fn attempt(
         lease: r.lease.map(|l| (l.id, l.version)),
         create_guid: r.create_guid,
         name: r.name.as_ref(),
+        connection: Some(conn),
     };
     let open = server.durable.claim(id, &claim)?;
     let tree = Tree {
