@@ -215,9 +215,9 @@ pub(crate) enum Command {
     },
     /// Append the extents of `parts` (orphans) to `ino` in order, then delete the parts.
     Concat { ino: Ino, parts: Vec<Ino>, now: i64 },
-    SetXattr { caller: Caller, ino: Ino, name: Vec<u8>, value: Option<Vec<u8>>, now: i64 },
-    /// Removes `remove` (names the inode lacks are passed over), then sets `set`: one change.
-    SetXattrs { caller: Caller, ino: Ino, remove: Vec<Vec<u8>>, set: Vec<(Vec<u8>, Vec<u8>)>, now: i64 },
+    /// Removes `remove`, then sets `set`: one change. A name in `remove` the inode lacks is
+    /// passed over, or with `must_exist` refused as not found.
+    SetXattrs { caller: Caller, ino: Ino, remove: Vec<Vec<u8>>, must_exist: bool, set: Vec<(Vec<u8>, Vec<u8>)>, now: i64 },
     DeleteOrphan { ino: Ino },
     /// Versioned-bucket changes (versions.rs).
     Version(crate::versions::VersionCmd),
@@ -1568,33 +1568,7 @@ impl Engine {
                 self.put_inode(batch, *ino, &rec);
                 Ok(Applied { attr: Some(attr_of(*ino, &rec)), events: vec![] })
             }
-            Command::SetXattr { caller, ino, name, value, now } => {
-                validate_xattr(name, value.as_deref())?;
-                let mut rec = self.load(*ino)?;
-                if caller.uid != 0 && caller.uid != rec.uid {
-                    check(caller, &rec, W)?;
-                }
-                let key = xattr_key(*ino, name);
-                match value {
-                    Some(v) => {
-                        batch.put_cf(self.cf(CF_XATTRS), key, v);
-                    }
-                    None => {
-                        if self.db.get_cf(self.cf(CF_XATTRS), &key)?.is_none() {
-                            return Err(Error::NotFound);
-                        }
-                        batch.delete_cf(self.cf(CF_XATTRS), key);
-                    }
-                }
-                rec.ctime_ns = *now;
-                rec.version += 1;
-                self.put_inode(batch, *ino, &rec);
-                Ok(Applied {
-                    attr: Some(attr_of(*ino, &rec)),
-                    events: vec![ChangeEvent { ino: *ino, version: rec.version, kind: ChangeKind::Attr }],
-                })
-            }
-            Command::SetXattrs { caller, ino, remove, set, now } => {
+            Command::SetXattrs { caller, ino, remove, must_exist, set, now } => {
                 for name in remove {
                     validate_xattr(name, None)?;
                 }
@@ -1604,6 +1578,13 @@ impl Engine {
                 let mut rec = self.load(*ino)?;
                 if caller.uid != 0 && caller.uid != rec.uid {
                     check(caller, &rec, W)?;
+                }
+                if *must_exist {
+                    for name in remove {
+                        if self.db.get_cf(self.cf(CF_XATTRS), xattr_key(*ino, name))?.is_none() {
+                            return Err(Error::NotFound);
+                        }
+                    }
                 }
                 // In batch order: a name both removed and set ends up set.
                 for name in remove {
@@ -2107,16 +2088,12 @@ impl Engine {
 
     pub fn setxattr(&self, caller: &Caller, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
         self.remote_refuse(caller, ino, "setxattr")?;
-        check_reserved_xattr(caller, name)?;
-        let cmd = Command::SetXattr { caller: caller.clone(), ino, name: name.to_vec(), value: Some(value.to_vec()), now: self.now() };
-        self.execute(cmd, false).map(|_| ())
+        self.change_xattrs(caller, ino, &[], false, &[(name, value)])
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: Ino, name: &[u8]) -> Result<()> {
         self.remote_refuse(caller, ino, "removexattr")?;
-        check_reserved_xattr(caller, name)?;
-        let cmd = Command::SetXattr { caller: caller.clone(), ino, name: name.to_vec(), value: None, now: self.now() };
-        self.execute(cmd, false).map(|_| ())
+        self.change_xattrs(caller, ino, &[name], true, &[])
     }
 
     /// Removes the extended attributes `remove` of `ino` (names it lacks are passed over) and
@@ -2124,6 +2101,10 @@ impl Engine {
     /// refusal (permission, a bad name or value) changes nothing.
     pub fn set_xattrs(&self, caller: &Caller, ino: Ino, remove: &[&[u8]], set: &[(&[u8], &[u8])]) -> Result<()> {
         self.remote_refuse(caller, ino, "setxattr")?;
+        self.change_xattrs(caller, ino, remove, false, set)
+    }
+
+    fn change_xattrs(&self, caller: &Caller, ino: Ino, remove: &[&[u8]], must_exist: bool, set: &[(&[u8], &[u8])]) -> Result<()> {
         for name in remove.iter().chain(set.iter().map(|(n, _)| n)) {
             check_reserved_xattr(caller, name)?;
         }
@@ -2131,6 +2112,7 @@ impl Engine {
             caller: caller.clone(),
             ino,
             remove: remove.iter().map(|n| n.to_vec()).collect(),
+            must_exist,
             set: set.iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect(),
             now: self.now(),
         };

@@ -219,22 +219,30 @@ mod tests {
         assert!(std::ptr::eq(got.as_ptr(), pieces[2][76..].as_ptr()), "a read inside a piece shares its buffer");
     }
 
+    /// An engine on small file drives in `dir` holding one file of `size` patterned bytes:
+    /// the engine, the file's attributes and its bytes.
+    fn engine_with_file(dir: &std::path::Path, size: u64) -> (Arc<Engine>, Attr, Vec<u8>) {
+        let mut cfg = storage_engine::EngineConfig::with_file_drives(dir, 6, 256 << 20, 4, 2);
+        cfg.argon2_memory_kib = 64;
+        cfg.admin_password = Some("admin-password".into());
+        let engine = Engine::open(cfg).unwrap();
+        let c = Caller::system();
+        let data: Vec<u8> = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let f = engine.create(&c, storage_engine::ROOT_INO, b"big", 0o644, true).unwrap();
+        engine.write(&c, f.ino, 0, &data, storage_engine::Stability::Durable).unwrap();
+        let attr = engine.getattr(&c, f.ino).unwrap();
+        (engine, attr, data)
+    }
+
     /// READs in flight together reach the table in any order: one a READ ahead of the
     /// furthest end still counts as sequential and starts the windows, which then serve the
     /// READs after it, in any order, with the bytes the file holds.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reads_out_of_order_start_windows_that_serve_the_rest() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 256 << 20, 4, 2);
-        cfg.argon2_memory_kib = 64;
-        cfg.admin_password = Some("admin-password".into());
-        let engine = Engine::open(cfg).unwrap();
-        let c = Caller::system();
         const MIB: u64 = 1 << 20;
-        let data: Vec<u8> = (0..40 * MIB).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-        let f = engine.create(&c, storage_engine::ROOT_INO, b"big", 0o644, true).unwrap();
-        engine.write(&c, f.ino, 0, &data, storage_engine::Stability::Durable).unwrap();
-        let attr = engine.getattr(&c, f.ino).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, attr, data) = engine_with_file(dir.path(), 40 * MIB);
+        let c = Caller::system();
         let ra = Readahead::default();
         let read = |off: u64| {
             let (ra, engine, c, attr) = (&ra, &engine, &c, &attr);
@@ -255,18 +263,11 @@ mod tests {
     /// ones ahead of it started.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reads_in_flight_read_each_window_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 256 << 20, 4, 2);
-        cfg.argon2_memory_kib = 64;
-        cfg.admin_password = Some("admin-password".into());
-        let engine = Engine::open(cfg).unwrap();
-        let c = Caller::system();
         const MIB: u64 = 1 << 20;
         let size = 160 * MIB;
-        let data: Vec<u8> = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
-        let f = engine.create(&c, storage_engine::ROOT_INO, b"big", 0o644, true).unwrap();
-        engine.write(&c, f.ino, 0, &data, storage_engine::Stability::Durable).unwrap();
-        let attr = engine.getattr(&c, f.ino).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, attr, data) = engine_with_file(dir.path(), size);
+        let c = Caller::system();
         let ra = Readahead::default();
         // A client keeps 8 READs in flight and sends the next one as each is answered; of
         // those in flight, any may reach the table first (a fixed pseudo-random pick), but
