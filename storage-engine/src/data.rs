@@ -167,7 +167,7 @@ impl Superblock {
         b[52..56].copy_from_slice(&self.epoch.to_le_bytes());
         b[56..64].copy_from_slice(&self.capacity_bytes.to_le_bytes());
         b[64..72].copy_from_slice(&DATA_AREA_OFFSET.to_le_bytes());
-        let crc = crc32c::crc32c(&b[0..72]);
+        let crc = crate::records::crc32c(&b[0..72]);
         b[72..76].copy_from_slice(&crc.to_le_bytes());
         b
     }
@@ -180,7 +180,7 @@ impl Superblock {
             return Err("no Aquifer superblock (bad magic)".into());
         }
         let crc = u32::from_le_bytes(b[72..76].try_into().expect("4"));
-        if crc != crc32c::crc32c(&b[0..72]) {
+        if crc != crate::records::crc32c(&b[0..72]) {
             return Err("superblock checksum mismatch".into());
         }
         let le32 = |r: std::ops::Range<usize>| u32::from_le_bytes(b[r].try_into().expect("4"));
@@ -541,7 +541,7 @@ impl DataStore {
         let mut crcs = Vec::with_capacity(n * blocks);
         for s in &shards {
             for b in s.chunks(CHECKSUM_BLOCK_BYTES as usize) {
-                crcs.push(crc32c::crc32c(b));
+                crcs.push(crate::records::crc32c(b));
             }
         }
         let chosen = self.choose(pool, shard_bytes as u64)?;
@@ -741,7 +741,7 @@ impl DataStore {
                     let first = (a / cb) as usize;
                     let mut good = true;
                     for (j, chunk) in buf[..(b - a) as usize].chunks(cb as usize).enumerate() {
-                        if crc32c::crc32c(chunk) != rec.crcs[shard * blocks + first + j] {
+                        if crate::records::crc32c(chunk) != rec.crcs[shard * blocks + first + j] {
                             good = false;
                         }
                     }
@@ -896,7 +896,7 @@ impl DataStore {
                 let bytes = &buf.bytes()[at as usize..(at + part.b - part.a) as usize];
                 let blocks = rec.checksum_blocks();
                 let first = (part.a / cb) as usize;
-                let good = bytes.chunks(cb as usize).enumerate().all(|(k, chunk)| crc32c::crc32c(chunk) == rec.crcs[part.shard * blocks + first + k]);
+                let good = bytes.chunks(cb as usize).enumerate().all(|(k, chunk)| crate::records::crc32c(chunk) == rec.crcs[part.shard * blocks + first + k]);
                 if !good {
                     // Counted once, by `read_shards`, when `read_range` reconstructs the piece.
                     tracing::warn!(drive = part.drive, "checksum mismatch, reconstructing");
@@ -952,7 +952,7 @@ impl DataStore {
                         let good = buf[..rec.shard_bytes as usize]
                             .chunks(CHECKSUM_BLOCK_BYTES as usize)
                             .enumerate()
-                            .all(|(j, ch)| crc32c::crc32c(ch) == rec.crcs[i * blocks + j]);
+                            .all(|(j, ch)| crate::records::crc32c(ch) == rec.crcs[i * blocks + j]);
                         if good {
                             Some(buf[..rec.shard_bytes as usize].to_vec())
                         } else {
@@ -995,7 +995,7 @@ impl DataStore {
     pub fn rewrite_shard(&self, rec: &StripeRec, i: usize, shard: &[u8]) -> Result<()> {
         let blocks = rec.checksum_blocks();
         for (j, ch) in shard.chunks(CHECKSUM_BLOCK_BYTES as usize).enumerate() {
-            assert_eq!(crc32c::crc32c(ch), rec.crcs[i * blocks + j], "repair data does not match its checksum");
+            assert_eq!(crate::records::crc32c(ch), rec.crcs[i * blocks + j], "repair data does not match its checksum");
         }
         let p = rec.placements[i];
         let (dev, c) = self
