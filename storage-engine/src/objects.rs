@@ -323,18 +323,22 @@ impl Engine {
     /// [`Engine::multipart_complete`] publishing the object with `mode` (a private canned ACL
     /// is 0600): the object is never visible with wider permissions, not even for a moment.
     pub fn multipart_complete_with_mode(&self, caller: &Caller, id: &str, numbers: &[u32], xattrs: &[(Vec<u8>, Vec<u8>)], mode: u32) -> Result<Attr> {
-        self.multipart_complete_versioned(caller, id, numbers, xattrs, mode, None).map(|(a, _)| a)
+        self.multipart_complete_versioned(caller, id, numbers, |_| xattrs.to_vec(), mode, None).map(|(a, _)| a)
     }
 
     /// [`Engine::multipart_complete_with_mode`] in a bucket with versioning `versioning`
     /// (see [`Engine::finish_put_versioned`]): returns the object and, when versioned, its
-    /// version id.
+    /// version id. `xattrs` is given the assembled file's attributes (its final size and
+    /// modification time, which publishing does not change) before it is published, and
+    /// returns the extended attributes to set on it then, so that a record naming that data
+    /// state (an ETag with the size and time it belongs to) is there from the first moment
+    /// the object is visible, and survives a crash with it.
     pub fn multipart_complete_versioned(
         &self,
         caller: &Caller,
         id: &str,
         numbers: &[u32],
-        xattrs: &[(Vec<u8>, Vec<u8>)],
+        xattrs: impl FnOnce(&Attr) -> Vec<(Vec<u8>, Vec<u8>)>,
         mode: u32,
         versioning: Option<VersionMode>,
     ) -> Result<(Attr, Option<String>)> {
@@ -366,7 +370,8 @@ impl Engine {
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
         self.db.write_opt(batch, &wo)?;
-        self.concat(target.ino, inos)?;
+        let assembled = self.concat(target.ino, inos)?;
+        let xattrs = xattrs(&assembled);
         if !xattrs.is_empty() {
             let set: Vec<(&[u8], &[u8])> = xattrs.iter().map(|(k, v)| (&k[..], &v[..])).collect();
             self.set_xattrs(caller, target.ino, &[], &set)?;

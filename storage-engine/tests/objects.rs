@@ -178,6 +178,34 @@ fn multipart_concatenates_without_copying_and_cleans_up() {
     assert_eq!(private.mode & 0o777, 0o600);
     assert_eq!(get(&e, "/bkt/private"), b"secret");
     e.unlink(&c, b.ino, b"private").unwrap();
+    // Attributes computed from the assembled data (an ETag naming its size and time) are
+    // set before publishing, and publishing keeps that size and time.
+    let id3 = e.multipart_create(&c, b.ino, "named", vec![]).unwrap();
+    for n in 1..=2u32 {
+        let a = e.multipart_part_begin(&c, &id3, n).unwrap();
+        e.write(&c, a.ino, 0, &bytes(n.into(), 6000), Stability::Unstable).unwrap();
+        e.multipart_part_finish(&c, &id3, n, a.ino, vec![]).unwrap();
+    }
+    let mut seen = None;
+    let (named, version) = e
+        .multipart_complete_versioned(
+            &c,
+            &id3,
+            &[1, 2],
+            |a| {
+                seen = Some((a.ino, a.size, a.mtime_ns));
+                vec![(b"user.state".to_vec(), format!("{}@{}", a.size, a.mtime_ns).into_bytes())]
+            },
+            0o644,
+            None,
+        )
+        .unwrap();
+    assert_eq!(version, None);
+    assert_eq!(seen, Some((named.ino, 12_000, named.mtime_ns)));
+    let now = e.resolve(&c, "/bkt/named").unwrap();
+    assert_eq!((now.size, now.mtime_ns), (12_000, named.mtime_ns));
+    assert_eq!(e.getxattr(&c, now.ino, b"user.state").unwrap(), format!("12000@{}", now.mtime_ns).into_bytes());
+    e.unlink(&c, b.ino, b"named").unwrap();
     let mut want = parts[0].clone();
     want.extend_from_slice(&p2);
     want.extend_from_slice(&parts[3]);

@@ -637,6 +637,17 @@ fn record_object(engine: &Engine, ino: Ino, etag: &str, attr: &Attr, meta: &Obje
     engine.set_xattrs(&Caller::system(), ino, &[], &set).map_err(|e| map_err(e, Missing::Key))
 }
 
+/// The extended attributes of an object completed from parts, for its assembled data
+/// `attr`: ETag and part sizes (which name that data's size and time), metadata and tags.
+fn completed_xattrs(etag: &str, attr: &Attr, part_sizes: &[u64], meta: &ObjectMeta, tags: &[(String, String)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut set = vec![
+        (XATTR_ETAG.to_vec(), StoredEtag { etag: etag.to_string(), size: attr.size, mtime_ns: attr.mtime_ns }.encode()),
+        (XATTR_PARTS.to_vec(), StoredParts { size: attr.size, mtime_ns: attr.mtime_ns, parts: part_sizes.to_vec() }.encode()),
+    ];
+    set.extend(object_xattrs(meta, tags).into_iter().map(|(n, v)| (n.to_vec(), v)));
+    set
+}
+
 // ------------------------------------------------------------------ conditions
 
 struct Conditions<'a> {
@@ -2846,16 +2857,23 @@ impl S3 for AquiferS3 {
             // The canned ACL given at CreateMultipartUpload: the object is published with its
             // mode (private = 0600), never visible with a wider one.
             let versioning = bucket_versioning(&engine, b.ino);
-            // Metadata and tags are set before the object is published, so it is never
-            // visible without them.
-            let xattrs: Vec<(Vec<u8>, Vec<u8>)> = object_xattrs(&meta, &tags).into_iter().map(|(n, v)| (n.to_vec(), v)).collect();
+            // ETag, part sizes (both naming the assembled data's size and time), metadata
+            // and tags are set before the object is published, so it is never visible, nor
+            // kept through a crash, without them.
+            let mut assembled: Option<(u64, i64)> = None;
+            let records = |a: &Attr| {
+                assembled = Some((a.size, a.mtime_ns));
+                completed_xattrs(&etag, a, &part_sizes, &meta, &tags)
+            };
             let (attr, version_id) =
-                engine.multipart_complete_versioned(&caller, &id, &wanted, &xattrs, mode, versioning).map_err(|e| map_err(e, Missing::Upload))?;
-            // The object is published; its ETag and part sizes (which name the data's final
-            // size and time) follow at once, in one change. A reader in between computes
-            // the MD5 itself.
-            let sizes = StoredParts { size: attr.size, mtime_ns: attr.mtime_ns, parts: part_sizes }.encode();
-            record_object(&engine, attr.ino, &etag, &attr, &ObjectMeta::default(), &[], &[(XATTR_PARTS, &sizes)])?;
+                engine.multipart_complete_versioned(&caller, &id, &wanted, records, mode, versioning).map_err(|e| map_err(e, Missing::Upload))?;
+            if assembled != Some((attr.size, attr.mtime_ns)) {
+                // Publishing gave the data another size or time (a portal's hub publishes
+                // its own copy): the records follow for the data as published.
+                let set = completed_xattrs(&etag, &attr, &part_sizes, &ObjectMeta::default(), &[]);
+                let set: Vec<(&[u8], &[u8])> = set.iter().map(|(n, v)| (&n[..], &v[..])).collect();
+                engine.set_xattrs(&Caller::system(), attr.ino, &[], &set).map_err(|e| map_err(e, Missing::Key))?;
+            }
             Ok((etag, version_id.filter(|_| versioning == Some(VersionMode::Enabled))))
         })
         .await?;
