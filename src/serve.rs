@@ -148,6 +148,8 @@ struct EngineEntry {
     inline_bytes_max: Option<u64>,
     write_buffer_bytes_max: Option<usize>,
     write_flush_threads: Option<usize>,
+    /// Bytes of stripe data kept in memory for reads (0: none).
+    data_cache_bytes: Option<usize>,
     io_backend: Option<String>,
 }
 
@@ -302,6 +304,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     if let Some(v) = file.engine.write_buffer_bytes_max {
         cfg.write_buffer_bytes_max = v;
+    }
+    if let Some(v) = file.engine.data_cache_bytes {
+        cfg.data_cache_bytes = v;
     }
     if let Some(v) = file.engine.write_flush_threads {
         cfg.write_flush_threads = v;

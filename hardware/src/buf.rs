@@ -264,10 +264,7 @@ mod big {
     pub(super) fn kept_bytes_max() -> usize {
         static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
         *MAX.get_or_init(|| {
-            // SAFETY: sysconf has no preconditions.
-            let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
-            let total = (pages.max(0) as usize).saturating_mul(page.max(0) as usize);
-            (total / 64).clamp(64 << 20, 1 << 30)
+            (crate::memory_bytes() / 64).clamp(64 << 20, 1 << 30)
         })
     }
 

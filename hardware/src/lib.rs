@@ -33,6 +33,13 @@ pub use faulty::{FaultControl, FaultyDrive};
 pub use inventory::{BlockDeviceInfo, Inventory, inventory};
 pub use mem::MemDrive;
 
+/// Bytes of memory the machine has (0 when the system does not say).
+pub fn memory_bytes() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (pages.max(0) as usize).saturating_mul(page.max(0) as usize)
+}
+
 /// Alignment of every drive offset, length and buffer. 4096 covers the logical block size of
 /// every NVMe and SATA drive Aquifer targets and the page size, which O_DIRECT requires.
 pub const BLOCK_BYTES: usize = 4096;

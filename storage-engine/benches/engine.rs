@@ -73,6 +73,8 @@ fn main() {
     let drive_bytes = ((file_mib << 20) * 2 / 4 + (256 << 20)).next_multiple_of(1 << 20);
     let mut cfg = EngineConfig::with_file_drives(dir.path(), DRIVES, drive_bytes, 4, 2);
     cfg.admin_password = Some("bench-password".into());
+    // The engine against its drives: reads reach them, not the data cache.
+    cfg.data_cache_bytes = 0;
     let e = Engine::open(cfg).expect("open engine");
     let c = Caller::system();
     let backend = e.drives()[0].backend.clone();

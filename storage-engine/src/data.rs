@@ -132,7 +132,8 @@ impl std::fmt::Debug for ReadBytes {
 
 /// One piece of a [`DataStore::read_many_chunked`]: stripe data, or zeros for a hole.
 pub(crate) enum ReadPiece<'a> {
-    Stripe { rec: &'a StripeRec, offset: u64, len: usize },
+    /// `len` data bytes at `offset` of stripe `id` (`rec`).
+    Stripe { id: u64, rec: &'a StripeRec, offset: u64, len: usize },
     Zeros(usize),
 }
 
@@ -387,6 +388,8 @@ pub(crate) struct DataStore {
     dirty: AtomicU64,
     /// Drive syncs, shared by concurrent durable operations.
     drive_sync: crate::group_sync::GroupSync,
+    /// Verified data shards kept for reads.
+    pub cache: crate::cache::DataCache,
 }
 
 fn round_up_block(n: u64) -> u64 {
@@ -394,7 +397,7 @@ fn round_up_block(n: u64) -> u64 {
 }
 
 impl DataStore {
-    pub fn new(drives: Vec<DriveSlot>, pools: Vec<Pool>) -> DataStore {
+    pub fn new(drives: Vec<DriveSlot>, pools: Vec<Pool>, cache_bytes: usize) -> DataStore {
         assert!(drives.len() <= 64, "a node holds at most 64 drives");
         let alloc = drives.iter().map(|d| Allocator::new(d.capacity_bytes)).collect();
         DataStore {
@@ -405,6 +408,7 @@ impl DataStore {
             drive_errors_max: 16,
             dirty: AtomicU64::new(0),
             drive_sync: Default::default(),
+            cache: crate::cache::DataCache::new(cache_bytes),
         }
     }
 
@@ -774,6 +778,26 @@ impl DataStore {
         Ok(out)
     }
 
+    /// `len` data bytes at `offset` of stripe `id`, copied from the cache when it holds every
+    /// shard they lie in; `None` (read the drives) otherwise.
+    pub fn read_cached(&self, id: u64, rec: &StripeRec, offset: u64, len: usize) -> Option<Vec<u8>> {
+        if !self.cache.enabled() || len == 0 {
+            return None;
+        }
+        let sb = rec.shard_bytes as u64;
+        let (mut pos, end) = (offset, offset + len as u64);
+        let mut out = Vec::with_capacity(len);
+        while pos < end {
+            let shard = (pos / sb) as usize;
+            let piece_end = ((shard as u64 + 1) * sb).min(end);
+            let c = self.cache.get(id, shard)?;
+            let at = (pos - shard as u64 * sb) as usize;
+            out.extend_from_slice(&c[at..at + (piece_end - pos) as usize]);
+            pos = piece_end;
+        }
+        Some(out)
+    }
+
     /// Reads a run of pieces, in order: stripe data ranges and zeros
     /// (holes). All drive reads are in flight at once, and shard pieces that lie back to
     /// back on one drive (consecutive stripes of a sequentially written file do) are read
@@ -799,11 +823,13 @@ impl DataStore {
             to: u64,
             drive: u32,
             disk: u64,
+            /// The shard's data, kept in the cache: no drive request.
+            cached: Option<ReadBytes>,
         }
         let mut parts: Vec<Part> = Vec::new();
         let mut direct = vec![true; pieces.len()];
         for (i, piece) in pieces.iter().enumerate() {
-            let ReadPiece::Stripe { rec, offset, len } = piece else { continue };
+            let ReadPiece::Stripe { id, rec, offset, len } = piece else { continue };
             assert!(offset + *len as u64 <= rec.data_len, "read past stripe data");
             let sb = sb_of(rec);
             let (mut pos, end) = (*offset, offset + *len as u64);
@@ -814,11 +840,12 @@ impl DataStore {
                 let a = (pos % sb) / cb * cb;
                 let b = ((piece_end - shard as u64 * sb).div_ceil(cb) * cb).min(sb);
                 let p = rec.placements[shard];
-                if self.device(&p).is_none() {
+                let cached = self.cache.get(*id, shard);
+                if cached.is_none() && self.device(&p).is_none() {
                     direct[i] = false;
                     break;
                 }
-                parts.push(Part { piece: i, shard, a, b, from: pos, to: piece_end, drive: p.drive, disk: p.offset + a });
+                parts.push(Part { piece: i, shard, a, b, from: pos, to: piece_end, drive: p.drive, disk: p.offset + a, cached });
                 pos = piece_end;
             }
             if !direct[i] {
@@ -826,7 +853,7 @@ impl DataStore {
             }
         }
         // Runs: parts back to back on one drive, read with one request.
-        let mut order: Vec<usize> = (0..parts.len()).collect();
+        let mut order: Vec<usize> = (0..parts.len()).filter(|&j| parts[j].cached.is_none()).collect();
         order.sort_by_key(|&j| (parts[j].drive, parts[j].disk));
         // (drive placement to read from, disk offset, bytes); part j lies at run_of[j].1 in run run_of[j].0.
         let mut runs: Vec<(Placement, u64, u64)> = Vec::new();
@@ -862,13 +889,13 @@ impl DataStore {
         let mut out: Vec<ReadBytes> = Vec::with_capacity(parts.len() + pieces.len());
         let mut out_len = 0usize;
         for (i, piece) in pieces.iter().enumerate() {
-            let (rec, offset, len) = match piece {
+            let (id, rec, offset, len) = match piece {
                 ReadPiece::Zeros(n) => {
                     ReadBytes::zeros(*n, &mut out);
                     out_len += n;
                     continue;
                 }
-                ReadPiece::Stripe { rec, offset, len } => (*rec, *offset, *len),
+                ReadPiece::Stripe { id, rec, offset, len } => (*id, *rec, *offset, *len),
             };
             let (start, start_len) = (out.len(), out_len);
             let mut ok = direct[i];
@@ -877,6 +904,12 @@ impl DataStore {
                     break;
                 }
                 let part = &parts[j];
+                let shard_start = part.shard as u64 * sb_of(rec);
+                if let Some(c) = &part.cached {
+                    out.push(c.slice((part.from - shard_start) as usize..(part.to - shard_start) as usize));
+                    out_len += (part.to - part.from) as usize;
+                    continue;
+                }
                 let (r, at) = run_of[j];
                 if done[r].is_none() {
                     done[r] = Some(match pending[r].take().map(|c| c.wait()) {
@@ -903,8 +936,12 @@ impl DataStore {
                     ok = false;
                     break;
                 }
-                let src = at as usize + (part.from - part.shard as u64 * sb_of(rec) - part.a) as usize;
+                let src = at as usize + (part.from - shard_start - part.a) as usize;
                 let n = (part.to - part.from) as usize;
+                if part.from == shard_start && part.to == shard_start + rec.shard_data_len(part.shard) {
+                    // The shard's whole data, verified: kept for the next read.
+                    self.cache.insert(id, part.shard, ReadBytes { buf: run_buf.clone(), range: src..src + n });
+                }
                 out.push(ReadBytes { buf: run_buf, range: src..src + n });
                 out_len += n;
             }

@@ -106,6 +106,9 @@ pub struct EngineConfig {
     pub write_flush_threads: usize,
     /// How often unsynced metadata is made durable.
     pub wal_sync_interval_ms: u64,
+    /// Bytes of verified stripe data kept in memory for reads (see `cache.rs`); 0: none,
+    /// every read goes to the drives.
+    pub data_cache_bytes: usize,
     pub drive_open: DriveOpenOptions,
     pub drive_wrapper: Option<DriveWrapper>,
     pub clock: Arc<dyn Clock>,
@@ -138,6 +141,7 @@ impl EngineConfig {
             write_buffer_bytes_max: 16 << 20,
             write_flush_threads: 2,
             wal_sync_interval_ms: 1000,
+            data_cache_bytes: crate::cache::default_bytes(),
             drive_open: DriveOpenOptions::default(),
             drive_wrapper: None,
             clock: Arc::new(SystemClock),
@@ -423,7 +427,7 @@ impl Engine {
             None => Self::format(&db, &cfg)?,
         };
         let (drives, pools) = Self::open_drives(&db, &cfg, cluster_uuid)?;
-        let data = DataStore::new(drives, pools);
+        let data = DataStore::new(drives, pools, cfg.data_cache_bytes);
 
         // Rebuild the allocators from the stripe table; find the next stripe id.
         let mut next_stripe = 1;
@@ -935,7 +939,11 @@ impl Engine {
             && eoff + ext.len >= end
         {
             let stripe = self.load_stripe(ext.stripe_id)?;
-            return Ok(split_chunks(self.data.read_range(&stripe, ext.stripe_offset + (offset - eoff), len)?, chunk_bytes));
+            let at = ext.stripe_offset + (offset - eoff);
+            if let Some(bytes) = self.data.read_cached(ext.stripe_id, &stripe, at, len) {
+                return Ok(split_chunks(bytes, chunk_bytes));
+            }
+            return Ok(split_chunks(self.data.read_range(&stripe, at, len)?, chunk_bytes));
         }
         match rec.storage {
             Storage::Inline => {
@@ -967,7 +975,7 @@ impl Engine {
             if a > pos {
                 pieces.push(ReadPiece::Zeros((a - pos) as usize));
             }
-            pieces.push(ReadPiece::Stripe { rec: stripe, offset: ext.stripe_offset + (a - eoff), len: (b - a) as usize });
+            pieces.push(ReadPiece::Stripe { id: ext.stripe_id, rec: stripe, offset: ext.stripe_offset + (a - eoff), len: (b - a) as usize });
             pos = b;
         }
         if pos < end {
@@ -2616,6 +2624,16 @@ impl Engine {
                 repaired_shards: d.counters.repaired_shards.load(Ordering::Relaxed),
             })
             .collect()
+    }
+
+    /// What the data cache holds and how often it answered reads.
+    pub fn data_cache_stats(&self) -> crate::cache::DataCacheStats {
+        self.data.cache.stats()
+    }
+
+    /// Empties the data cache: the next reads go to the drives.
+    pub fn clear_data_cache(&self) {
+        self.data.cache.clear();
     }
 
     pub fn pools(&self) -> Vec<PoolInfo> {

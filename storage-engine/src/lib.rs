@@ -4,6 +4,7 @@
 //! threshold lives in erasure-coded stripes on drives reached through io_uring. Permission
 //! checks happen here, once, for every protocol.
 
+mod cache;
 mod data;
 pub mod ec;
 mod engine;
@@ -19,6 +20,7 @@ mod types;
 mod versions;
 mod writebuf;
 
+pub use cache::DataCacheStats;
 pub use data::{DriveCounters, DriveInfo, DriveState, ReadBytes};
 /// Buffers a caller fills and hands to [`Engine::write_shared`] without a copy.
 pub use hardware::{AlignedBuf, FillBuf};

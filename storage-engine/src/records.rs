@@ -303,6 +303,13 @@ pub(crate) fn crc32c(b: &[u8]) -> u32 {
 const STRIPE_V1: u8 = 1;
 
 impl StripeRec {
+    /// Data bytes in shard `shard` (the rest of it, or all of a parity shard, is not data).
+    pub fn shard_data_len(&self, shard: usize) -> u64 {
+        if shard >= self.k as usize {
+            return 0;
+        }
+        self.data_len.saturating_sub(shard as u64 * self.shard_bytes as u64).min(self.shard_bytes as u64)
+    }
     pub fn checksum_blocks(&self) -> usize {
         self.shard_bytes.div_ceil(CHECKSUM_BLOCK_BYTES) as usize
     }

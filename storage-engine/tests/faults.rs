@@ -125,6 +125,8 @@ fn three_drives_lost_is_reported_not_silently_wrong() {
 
 fn faulty_config(dir: &std::path::Path, ctl: Arc<parking_lot::Mutex<Vec<FaultControl>>>) -> EngineConfig {
     let mut cfg = config(dir);
+    // Every read reaches the drives whose faults these tests inject.
+    cfg.data_cache_bytes = 0;
     cfg.drive_wrapper = Some(Arc::new(move |_i, dev: Arc<dyn BlockDevice>| {
         let (d, c) = FaultyDrive::new(dev);
         ctl.lock().push(c);
@@ -335,4 +337,77 @@ fn read_chunks_is_read_in_buffers_of_the_asked_size() {
     assert!(e.read_chunks(&c, f.ino, 0, 700_000, 65_536).unwrap().concat() == a, "a corrupt run is reconstructed");
     assert!(cat(e.read_shared(&c, f.ino, 0, 700_000).unwrap()) == a, "a corrupt run is reconstructed for read_shared too");
     assert!(cat(e.read_shared(&c, f.ino, 650_000, 300_000).unwrap()) == check(650_000, 300_000, 4_096), "and across the hole");
+}
+
+/// The data cache: a file read twice is read the third time without drive requests (read
+/// once, or written, it is not kept); what it answers is the file's current bytes after an
+/// overwrite, a truncation, a delete and the reuse of the freed space; the drives' faults do
+/// not reach a cached read; the least recently used shards go when the budget is spent.
+#[test]
+fn the_data_cache_answers_rereads_and_never_old_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    open(dir.path()).shutdown().unwrap();
+    let ctl = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut cfg = faulty_config(dir.path(), ctl.clone());
+    // Stripes of 64 KiB (16 KiB shards): the budget holds 1.5 MiB of data shards.
+    cfg.data_cache_bytes = 1536 << 10;
+    let e = Engine::open(cfg).unwrap();
+    let reads = || ctl.lock().iter().map(|c| c.reads_seen()).sum::<u64>();
+    let c = root();
+    let cat = |v: Vec<ReadBytes>| v.iter().flat_map(|b| b.iter().copied()).collect::<Vec<u8>>();
+
+    let mut a = bytes(1, 1_000_000);
+    let ino = put(&e, "/a", &a);
+    for pass in 0..2 {
+        let before = reads();
+        assert!(get(&e, "/a") == a);
+        assert!(reads() > before, "pass {pass}: written or read once, a file is read from the drives");
+    }
+    let before = reads();
+    assert!(get(&e, "/a") == a);
+    assert!(cat(e.read_shared(&c, ino, 0, 1_000_000).unwrap()) == a);
+    assert!(e.read(&c, ino, 70_001, 30_000).unwrap() == a[70_001..100_001], "inside one stripe");
+    assert_eq!(reads(), before, "read twice, a file is read from memory");
+
+    // A drive that returns garbage does not reach what is cached.
+    ctl.lock()[1].corrupt_reads_in(0..u64::MAX);
+    assert!(get(&e, "/a") == a);
+    ctl.lock()[1].clear();
+
+    // Overwritten in the middle, then truncated: the answers follow.
+    e.write(&c, ino, 100_000, &bytes(2, 70_000), Stability::Durable).unwrap();
+    a[100_000..170_000].copy_from_slice(&bytes(2, 70_000));
+    assert!(get(&e, "/a") == a);
+    e.setattr(&c, ino, SetAttr { size: Some(300_000), ..Default::default() }).unwrap();
+    a.truncate(300_000);
+    assert!(get(&e, "/a") == a);
+
+    // An emptied cache sends reads to the drives again.
+    e.clear_data_cache();
+    let before = reads();
+    assert!(get(&e, "/a") == a);
+    assert!(reads() > before);
+
+    // Deleted; its space is freed and reused by the next files: each reads its own bytes,
+    // three times (from the drives twice, then from memory).
+    e.unlink(&c, ROOT_INO, b"a").unwrap();
+    e.sync_metadata().unwrap();
+    for i in 0..4u64 {
+        let d = bytes(10 + i, 400_000);
+        put(&e, &format!("/n{i}"), &d);
+        e.sync_metadata().unwrap();
+        for _ in 0..3 {
+            assert!(get(&e, &format!("/n{i}")) == d);
+        }
+    }
+
+    // The budget holds: with 1.2 MB read twice after it, the first new file's shards are gone.
+    let s = e.data_cache_stats();
+    assert!(s.bytes <= 1536 << 10 && s.bytes > 1 << 20, "{s:?}");
+    assert!(s.hits > 0 && s.misses > 0, "{s:?}");
+    let before = reads();
+    assert!(get(&e, "/n3") == bytes(13, 400_000));
+    assert_eq!(reads(), before, "the last file read is still kept");
+    assert!(get(&e, "/n0") == bytes(10, 400_000));
+    assert!(reads() > before, "evicted shards are read from the drives");
 }

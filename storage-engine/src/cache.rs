@@ -1,0 +1,252 @@
+//! The data cache: verified data shards of stripes kept in memory, so that data read again
+//! (a training job's next epoch, a file read over NFS right after it was written over S3)
+//! is answered without drive requests, as a kernel file server answers from its page cache.
+//!
+//! The drives are read with O_DIRECT, so without this every read goes to the drives. A
+//! stripe's data never changes while it exists: writes make new stripes (copy on write),
+//! repair and rebuild rewrite shards with the same bytes, and stripe ids are never handed
+//! out twice while the engine runs. So an entry, keyed by stripe id and shard, is never
+//! stale and needs no invalidation; a freed stripe's entries are only dead weight until
+//! they are evicted.
+//!
+//! Entries are whole data shards (the part of a shard that holds data, not its padding),
+//! made when a read fetches a whole shard from a drive and its checksums match; reads of part
+//! of a shard use an entry but do not make one. An entry shares the buffer the drive read
+//! into, so it holds no copy of its own. Least recently used entries are evicted past the
+//! budget.
+//!
+//! A shard is kept the second time it is read, not the first: the first read only leaves its
+//! key among the "ghosts" (keys without data, the most recent few thousand). A file read once
+//! from end to end (a copy, a backup, the first epoch) then neither pushes the data read
+//! again and again out of the cache nor holds the read buffers that the next reads would use
+//! (a cache still filling up takes fresh memory for every buffer it keeps, and on the VMs
+//! measured the kernel's zeroing of fresh pages made single-pass reads ~30 % slower). Data
+//! written is not kept either, for the same reason: the write buffers go back to their pool
+//! for the next writes. A training job's second epoch reads from the drives and fills the
+//! cache; its later epochs read from memory.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::data::ReadBytes;
+
+/// (stripe id, shard index).
+type Key = (u64, u16);
+
+pub(crate) struct DataCache {
+    /// Most bytes of shards kept; 0 turns the cache off.
+    max_bytes: usize,
+    inner: Mutex<Inner>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Entry and the tick of its last use.
+    map: HashMap<Key, (ReadBytes, u64)>,
+    /// Tick of last use → key: the least recently used entry first.
+    by_use: BTreeMap<u64, Key>,
+    tick: u64,
+    bytes: usize,
+    /// Keys read once recently and not kept (see the module's text), oldest first in
+    /// `ghost_order` (which may also name keys since kept or forgotten).
+    ghosts: HashSet<Key>,
+    ghost_order: VecDeque<Key>,
+}
+
+/// Ghost keys remembered per byte of budget: one per 64 KiB, at least 1024 (a 1 GiB budget
+/// of 1 MiB shards remembers the last 16 GiB read once).
+fn ghosts_max(max_bytes: usize) -> usize {
+    (max_bytes / (64 << 10)).max(1024)
+}
+
+/// What the cache holds and how it has served, for the health API and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DataCacheStats {
+    pub max_bytes: u64,
+    pub bytes: u64,
+    pub entries: u64,
+    /// Shard reads answered from the cache, and those that went to a drive.
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl DataCache {
+    pub fn new(max_bytes: usize) -> DataCache {
+        DataCache { max_bytes, inner: Mutex::new(Inner::default()), hits: AtomicU64::new(0), misses: AtomicU64::new(0) }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.max_bytes > 0
+    }
+
+    /// The data of shard `shard` of stripe `id`, when kept; counts a hit or a miss.
+    pub fn get(&self, id: u64, shard: usize) -> Option<ReadBytes> {
+        if !self.enabled() {
+            return None;
+        }
+        let found = {
+            let mut g = self.inner.lock();
+            let inner = &mut *g;
+            inner.tick += 1;
+            let tick = inner.tick;
+            match inner.map.get_mut(&(id, shard as u16)) {
+                Some((bytes, used)) => {
+                    inner.by_use.remove(used);
+                    *used = tick;
+                    inner.by_use.insert(tick, (id, shard as u16));
+                    Some(bytes.clone())
+                }
+                None => None,
+            }
+        };
+        let counter = if found.is_some() { &self.hits } else { &self.misses };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+
+    /// Offers `bytes`, just read from the drives and verified, as the data of shard `shard`
+    /// of stripe `id`: kept if the shard was read recently before (a ghost), evicting the
+    /// least recently used entries to stay within the budget; else remembered as a ghost.
+    /// An entry larger than the whole budget is not kept.
+    pub fn insert(&self, id: u64, shard: usize, bytes: ReadBytes) {
+        let n = bytes.len();
+        if !self.enabled() || n == 0 || n > self.max_bytes {
+            return;
+        }
+        let key = (id, shard as u16);
+        let mut evicted = Vec::new();
+        {
+            let mut g = self.inner.lock();
+            let inner = &mut *g;
+            if !inner.map.contains_key(&key) && !inner.ghosts.remove(&key) {
+                inner.ghosts.insert(key);
+                inner.ghost_order.push_back(key);
+                while inner.ghost_order.len() > ghosts_max(self.max_bytes) {
+                    let old = inner.ghost_order.pop_front().expect("over the limit");
+                    inner.ghosts.remove(&old);
+                }
+                return;
+            }
+            inner.tick += 1;
+            let tick = inner.tick;
+            if let Some((old, used)) = inner.map.insert((id, shard as u16), (bytes, tick)) {
+                inner.by_use.remove(&used);
+                inner.bytes -= old.len();
+                evicted.push(old);
+            }
+            inner.by_use.insert(tick, (id, shard as u16));
+            inner.bytes += n;
+            while inner.bytes > self.max_bytes {
+                let Some((_, key)) = inner.by_use.pop_first() else { break };
+                if let Some((old, _)) = inner.map.remove(&key) {
+                    inner.bytes -= old.len();
+                    evicted.push(old);
+                }
+            }
+        }
+        // Buffers go back to their pool outside the lock.
+        drop(evicted);
+    }
+
+    pub fn stats(&self) -> DataCacheStats {
+        let g = self.inner.lock();
+        DataCacheStats {
+            max_bytes: self.max_bytes as u64,
+            bytes: g.bytes as u64,
+            entries: g.map.len() as u64,
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Drops every entry (for an operator, and for tests that must reach the drives).
+    pub fn clear(&self) {
+        let old = {
+            let mut g = self.inner.lock();
+            g.by_use.clear();
+            g.bytes = 0;
+            g.ghosts.clear();
+            g.ghost_order.clear();
+            std::mem::take(&mut g.map)
+        };
+        drop(old);
+    }
+}
+
+/// The default budget: an eighth of the machine's memory, at least 64 MiB and at most 8 GiB.
+pub(crate) fn default_bytes() -> usize {
+    (hardware::memory_bytes() / 8).clamp(64 << 20, 8 << 30)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(fill: u8, n: usize) -> ReadBytes {
+        vec![fill; n].into()
+    }
+
+    /// Offers a shard twice: the second offer keeps it.
+    fn admit(c: &DataCache, id: u64, shard: usize, b: ReadBytes) {
+        c.insert(id, shard, b.clone());
+        c.insert(id, shard, b);
+    }
+
+    #[test]
+    fn keeps_a_shard_read_twice_not_one_read_once() {
+        let c = DataCache::new(1 << 20);
+        c.insert(7, 0, bytes(1, 100));
+        assert!(c.get(7, 0).is_none(), "read once: only a ghost");
+        assert_eq!(c.stats().bytes, 0);
+        c.insert(7, 0, bytes(1, 100));
+        assert_eq!(&c.get(7, 0).unwrap()[..], &[1u8; 100][..]);
+        // The ghosts are the most recent keys only: one read long ago counts for nothing.
+        c.insert(8, 0, bytes(2, 100));
+        for id in 100..100 + ghosts_max(1 << 20) as u64 {
+            c.insert(id, 0, bytes(3, 10));
+        }
+        c.insert(8, 0, bytes(2, 100));
+        assert!(c.get(8, 0).is_none());
+        c.insert(8, 0, bytes(2, 100));
+        assert!(c.get(8, 0).is_some());
+        assert_eq!(c.stats().bytes, 200);
+    }
+
+    #[test]
+    fn keeps_the_recently_used_within_its_budget() {
+        let c = DataCache::new(3000);
+        admit(&c, 1, 0, bytes(1, 1000));
+        admit(&c, 1, 1, bytes(2, 1000));
+        admit(&c, 2, 0, bytes(3, 1000));
+        assert_eq!(c.stats().bytes, 3000);
+        // Using (1, 0) makes (1, 1) the least recently used: it goes first.
+        assert_eq!(&c.get(1, 0).unwrap()[..], &[1u8; 1000][..]);
+        admit(&c, 3, 0, bytes(4, 1000));
+        assert!(c.get(1, 1).is_none());
+        assert!(c.get(1, 0).is_some() && c.get(2, 0).is_some() && c.get(3, 0).is_some());
+        let s = c.stats();
+        assert_eq!((s.bytes, s.entries, s.hits, s.misses), (3000, 3, 4, 1));
+        // Replacing an entry counts its bytes once; one larger than the budget is not kept.
+        c.insert(3, 0, bytes(5, 500));
+        assert_eq!(c.stats().bytes, 2500);
+        assert_eq!(c.get(3, 0).unwrap()[0], 5);
+        admit(&c, 4, 0, bytes(6, 3001));
+        assert!(c.get(4, 0).is_none());
+        assert_eq!(c.stats().bytes, 2500);
+        c.clear();
+        assert_eq!(c.stats().bytes, 0);
+        assert!(c.get(1, 0).is_none());
+    }
+
+    #[test]
+    fn a_zero_budget_keeps_nothing() {
+        let c = DataCache::new(0);
+        admit(&c, 1, 0, bytes(1, 10));
+        assert!(c.get(1, 0).is_none());
+        assert_eq!(c.stats(), DataCacheStats::default());
+    }
+}
