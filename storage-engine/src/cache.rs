@@ -15,17 +15,17 @@
 //! into, so it holds no copy of its own. Least recently used entries are evicted past the
 //! budget.
 //!
-//! A shard is kept the second time it is read, not the first: the first read only leaves its
-//! key among the "ghosts" (keys without data, the most recent few thousand). A file read once
-//! from end to end (a copy, a backup, the first epoch) then neither pushes the data read
-//! again and again out of the cache nor holds the read buffers that the next reads would use
-//! (a cache still filling up takes fresh memory for every buffer it keeps, and on the VMs
-//! measured the kernel's zeroing of fresh pages made single-pass reads ~30 % slower). Data
-//! written is not kept either, for the same reason: the write buffers go back to their pool
-//! for the next writes. A training job's second epoch reads from the drives and fills the
-//! cache; its later epochs read from memory.
+//! A shard is kept the third time it is read, not before: the first two reads only count
+//! it among the "ghosts" (keys without data, the most recent ones). A cache still filling
+//! up takes fresh memory for every buffer it keeps (the buffers it holds no longer go back
+//! to their pool for the next reads), and on the VMs measured the first touch of fresh
+//! memory made the reads that fill the cache 30–50 % slower than reads that keep nothing.
+//! So a file read once or twice (a copy, a backup, a write then a verify, two epochs) reads
+//! as fast as without a cache and pushes nothing out of it; a training job's third epoch
+//! fills the cache and its later epochs read from memory. Data written is not kept, for the
+//! same reason: the write buffers go back to their pool for the next writes.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -51,11 +51,14 @@ struct Inner {
     by_use: BTreeMap<u64, Key>,
     tick: u64,
     bytes: usize,
-    /// Keys read once recently and not kept (see the module's text), oldest first in
-    /// `ghost_order` (which may also name keys since kept or forgotten).
-    ghosts: HashSet<Key>,
+    /// Keys read recently and not kept, with how many times (see the module's text), oldest
+    /// first in `ghost_order` (which may also name keys since kept or forgotten).
+    ghosts: HashMap<Key, u8>,
     ghost_order: VecDeque<Key>,
 }
+
+/// Reads of a shard that only count it; the next one keeps it.
+const SIGHTINGS_BEFORE_KEEPING: u8 = 2;
 
 /// Ghost keys remembered per byte of budget: one per 64 KiB, at least 1024 (a 1 GiB budget
 /// of 1 MiB shards remembers the last 16 GiB read once).
@@ -109,8 +112,9 @@ impl DataCache {
     }
 
     /// Offers `bytes`, just read from the drives and verified, as the data of shard `shard`
-    /// of stripe `id`: kept if the shard was read recently before (a ghost), evicting the
-    /// least recently used entries to stay within the budget; else remembered as a ghost.
+    /// of stripe `id`: kept if the shard was read [`SIGHTINGS_BEFORE_KEEPING`] times recently
+    /// before, evicting the least recently used entries to stay within the budget; else
+    /// counted as a ghost.
     /// An entry larger than the whole budget is not kept.
     pub fn insert(&self, id: u64, shard: usize, bytes: ReadBytes) {
         let n = bytes.len();
@@ -122,14 +126,20 @@ impl DataCache {
         {
             let mut g = self.inner.lock();
             let inner = &mut *g;
-            if !inner.map.contains_key(&key) && !inner.ghosts.remove(&key) {
-                inner.ghosts.insert(key);
-                inner.ghost_order.push_back(key);
-                while inner.ghost_order.len() > ghosts_max(self.max_bytes) {
-                    let old = inner.ghost_order.pop_front().expect("over the limit");
-                    inner.ghosts.remove(&old);
+            if !inner.map.contains_key(&key) {
+                let seen = inner.ghosts.get(&key).copied().unwrap_or(0);
+                if seen < SIGHTINGS_BEFORE_KEEPING {
+                    if seen == 0 {
+                        inner.ghost_order.push_back(key);
+                    }
+                    inner.ghosts.insert(key, seen + 1);
+                    while inner.ghost_order.len() > ghosts_max(self.max_bytes) {
+                        let old = inner.ghost_order.pop_front().expect("over the limit");
+                        inner.ghosts.remove(&old);
+                    }
+                    return;
                 }
-                return;
+                inner.ghosts.remove(&key);
             }
             inner.tick += 1;
             let tick = inner.tick;
@@ -190,28 +200,32 @@ mod tests {
         vec![fill; n].into()
     }
 
-    /// Offers a shard twice: the second offer keeps it.
+    /// Offers a shard until it is kept (the third offer).
     fn admit(c: &DataCache, id: u64, shard: usize, b: ReadBytes) {
-        c.insert(id, shard, b.clone());
-        c.insert(id, shard, b);
+        for _ in 0..=SIGHTINGS_BEFORE_KEEPING {
+            c.insert(id, shard, b.clone());
+        }
     }
 
     #[test]
-    fn keeps_a_shard_read_twice_not_one_read_once() {
+    fn keeps_a_shard_read_a_third_time_not_before() {
         let c = DataCache::new(1 << 20);
-        c.insert(7, 0, bytes(1, 100));
-        assert!(c.get(7, 0).is_none(), "read once: only a ghost");
-        assert_eq!(c.stats().bytes, 0);
+        for read in 1..=2 {
+            c.insert(7, 0, bytes(1, 100));
+            assert!(c.get(7, 0).is_none(), "read {read} times: only a ghost");
+            assert_eq!(c.stats().bytes, 0);
+        }
         c.insert(7, 0, bytes(1, 100));
         assert_eq!(&c.get(7, 0).unwrap()[..], &[1u8; 100][..]);
-        // The ghosts are the most recent keys only: one read long ago counts for nothing.
+        // The ghosts are the most recent keys only: reads long ago count for nothing.
+        c.insert(8, 0, bytes(2, 100));
         c.insert(8, 0, bytes(2, 100));
         for id in 100..100 + ghosts_max(1 << 20) as u64 {
             c.insert(id, 0, bytes(3, 10));
         }
         c.insert(8, 0, bytes(2, 100));
         assert!(c.get(8, 0).is_none());
-        c.insert(8, 0, bytes(2, 100));
+        admit(&c, 8, 0, bytes(2, 100));
         assert!(c.get(8, 0).is_some());
         assert_eq!(c.stats().bytes, 200);
     }
