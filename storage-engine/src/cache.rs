@@ -9,20 +9,22 @@
 //! stale and needs no invalidation; a freed stripe's entries are only dead weight until
 //! they are evicted.
 //!
-//! Entries are whole data shards (the part of a shard that holds data, not its padding),
-//! made when a read fetches a whole shard from a drive and its checksums match; reads of part
-//! of a shard use an entry but do not make one. An entry shares the buffer the drive read
-//! into, so it holds no copy of its own. Least recently used entries are evicted past the
-//! budget.
+//! Entries are whole data shards (the part of a shard that holds data, not its padding).
+//! An entry shares the buffer the drive read into, so it holds no copy of its own; reads of
+//! any part of a kept shard are answered from it. Least recently used entries are evicted
+//! past the budget.
 //!
-//! A shard is kept the third time it is read, not before: the first two reads only count
-//! it among the "ghosts" (keys without data, the most recent ones). A cache still filling
-//! up takes fresh memory for every buffer it keeps (the buffers it holds no longer go back
-//! to their pool for the next reads), and on the VMs measured the first touch of fresh
-//! memory made the reads that fill the cache 30–50 % slower than reads that keep nothing.
-//! So a file read once or twice (a copy, a backup, a write then a verify, two epochs) reads
-//! as fast as without a cache and pushes nothing out of it; a training job's third epoch
-//! fills the cache and its later epochs read from memory. Data written is not kept, for the
+//! What is kept: a shard from which twice its data has been read recently (whole or in
+//! parts: a sequential reader's third read, a training job's third epoch over samples in
+//! shards) is read whole by the next read that touches it and kept; until then the reads
+//! only add to its count among the "ghosts" (keys without data, the most recent ones). A
+//! cache still filling up takes fresh memory for every buffer it keeps (the buffers it holds
+//! no longer go back to their pool for the next reads), and on the VMs measured the first
+//! touch of fresh memory made the reads that fill the cache 30–50 % slower than reads that
+//! keep nothing. So a file read once or twice (a copy, a backup, a write then a verify, two
+//! epochs) reads as fast as without a cache and pushes nothing out of it; and reads of small
+//! parts of a large file fetch a shard whole only after twice its size was read from it, so
+//! at most half again as many bytes as were asked for. Data written is not kept, for the
 //! same reason: the write buffers go back to their pool for the next writes.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -51,14 +53,14 @@ struct Inner {
     by_use: BTreeMap<u64, Key>,
     tick: u64,
     bytes: usize,
-    /// Keys read recently and not kept, with how many times (see the module's text), oldest
-    /// first in `ghost_order` (which may also name keys since kept or forgotten).
-    ghosts: HashMap<Key, u8>,
+    /// Keys read recently and not kept, with the bytes read from them (see the module's
+    /// text), oldest first in `ghost_order` (which may also name keys since kept or forgotten).
+    ghosts: HashMap<Key, u64>,
     ghost_order: VecDeque<Key>,
 }
 
-/// Reads of a shard that only count it; the next one keeps it.
-const SIGHTINGS_BEFORE_KEEPING: u8 = 2;
+/// Times its data a shard is read before the next read fetches it whole and keeps it.
+const READS_BEFORE_KEEPING: u64 = 2;
 
 /// Ghost keys remembered per byte of budget: one per 64 KiB, at least 1024 (a 1 GiB budget
 /// of 1 MiB shards remembers the last 16 GiB read once).
@@ -111,11 +113,35 @@ impl DataCache {
         found
     }
 
-    /// Offers `bytes`, just read from the drives and verified, as the data of shard `shard`
-    /// of stripe `id`: kept if the shard was read [`SIGHTINGS_BEFORE_KEEPING`] times recently
-    /// before, evicting the least recently used entries to stay within the budget; else
-    /// counted as a ghost.
-    /// An entry larger than the whole budget is not kept.
+    /// Counts a read of `bytes` of shard `shard` of stripe `id`, which holds `shard_len` data
+    /// bytes and is not kept: true when twice its data has been read recently before, so this
+    /// read should fetch it whole and [`insert`](Self::insert) it.
+    pub fn note_read(&self, id: u64, shard: usize, bytes: u64, shard_len: u64) -> bool {
+        if !self.enabled() || shard_len == 0 || shard_len as usize > self.max_bytes {
+            return false;
+        }
+        let key = (id, shard as u16);
+        let mut g = self.inner.lock();
+        let inner = &mut *g;
+        let seen = inner.ghosts.get(&key).copied().unwrap_or(0);
+        if seen >= READS_BEFORE_KEEPING * shard_len {
+            inner.ghosts.remove(&key);
+            return true;
+        }
+        if seen == 0 {
+            inner.ghost_order.push_back(key);
+        }
+        inner.ghosts.insert(key, seen + bytes.max(1));
+        while inner.ghost_order.len() > ghosts_max(self.max_bytes) {
+            let old = inner.ghost_order.pop_front().expect("over the limit");
+            inner.ghosts.remove(&old);
+        }
+        false
+    }
+
+    /// Keeps `bytes`, read from the drives and verified, as the data of shard `shard` of
+    /// stripe `id`, evicting the least recently used entries to stay within the budget. An
+    /// entry larger than the whole budget is not kept.
     pub fn insert(&self, id: u64, shard: usize, bytes: ReadBytes) {
         let n = bytes.len();
         if !self.enabled() || n == 0 || n > self.max_bytes {
@@ -126,29 +152,14 @@ impl DataCache {
         {
             let mut g = self.inner.lock();
             let inner = &mut *g;
-            if !inner.map.contains_key(&key) {
-                let seen = inner.ghosts.get(&key).copied().unwrap_or(0);
-                if seen < SIGHTINGS_BEFORE_KEEPING {
-                    if seen == 0 {
-                        inner.ghost_order.push_back(key);
-                    }
-                    inner.ghosts.insert(key, seen + 1);
-                    while inner.ghost_order.len() > ghosts_max(self.max_bytes) {
-                        let old = inner.ghost_order.pop_front().expect("over the limit");
-                        inner.ghosts.remove(&old);
-                    }
-                    return;
-                }
-                inner.ghosts.remove(&key);
-            }
             inner.tick += 1;
             let tick = inner.tick;
-            if let Some((old, used)) = inner.map.insert((id, shard as u16), (bytes, tick)) {
+            if let Some((old, used)) = inner.map.insert(key, (bytes, tick)) {
                 inner.by_use.remove(&used);
                 inner.bytes -= old.len();
                 evicted.push(old);
             }
-            inner.by_use.insert(tick, (id, shard as u16));
+            inner.by_use.insert(tick, key);
             inner.bytes += n;
             while inner.bytes > self.max_bytes {
                 let Some((_, key)) = inner.by_use.pop_first() else { break };
@@ -200,34 +211,40 @@ mod tests {
         vec![fill; n].into()
     }
 
-    /// Offers a shard until it is kept (the third offer).
+    /// Reads a shard whole until it is to be kept, then keeps it.
     fn admit(c: &DataCache, id: u64, shard: usize, b: ReadBytes) {
-        for _ in 0..=SIGHTINGS_BEFORE_KEEPING {
-            c.insert(id, shard, b.clone());
-        }
+        while !c.note_read(id, shard, b.len() as u64, b.len() as u64) {}
+        c.insert(id, shard, b);
     }
 
     #[test]
-    fn keeps_a_shard_read_a_third_time_not_before() {
+    fn a_shard_is_fetched_whole_after_twice_its_data_was_read() {
         let c = DataCache::new(1 << 20);
-        for read in 1..=2 {
-            c.insert(7, 0, bytes(1, 100));
-            assert!(c.get(7, 0).is_none(), "read {read} times: only a ghost");
-            assert_eq!(c.stats().bytes, 0);
+        // Whole reads: the third one fetches and keeps it.
+        assert!(!c.note_read(7, 0, 100, 100));
+        assert!(!c.note_read(7, 0, 100, 100));
+        assert!(c.note_read(7, 0, 100, 100));
+        // Reads of parts: once 200 bytes were read, the next read fetches it whole.
+        for _ in 0..20 {
+            assert!(!c.note_read(8, 0, 10, 100));
         }
-        c.insert(7, 0, bytes(1, 100));
-        assert_eq!(&c.get(7, 0).unwrap()[..], &[1u8; 100][..]);
+        assert!(c.note_read(8, 0, 10, 100));
+        // After the fetch it starts over (when kept, reads find it and count nothing).
+        assert!(!c.note_read(8, 0, 10, 100));
         // The ghosts are the most recent keys only: reads long ago count for nothing.
-        c.insert(8, 0, bytes(2, 100));
-        c.insert(8, 0, bytes(2, 100));
+        assert!(!c.note_read(9, 0, 100, 100));
+        assert!(!c.note_read(9, 0, 100, 100));
         for id in 100..100 + ghosts_max(1 << 20) as u64 {
-            c.insert(id, 0, bytes(3, 10));
+            c.note_read(id, 0, 10, 10);
         }
-        c.insert(8, 0, bytes(2, 100));
-        assert!(c.get(8, 0).is_none());
-        admit(&c, 8, 0, bytes(2, 100));
-        assert!(c.get(8, 0).is_some());
-        assert_eq!(c.stats().bytes, 200);
+        assert!(!c.note_read(9, 0, 100, 100));
+        // Nothing is kept by counting alone.
+        assert_eq!(c.stats().bytes, 0);
+        // A shard larger than the budget is never fetched to be kept.
+        let small = DataCache::new(50);
+        for _ in 0..5 {
+            assert!(!small.note_read(1, 0, 100, 100));
+        }
     }
 
     #[test]
@@ -248,7 +265,7 @@ mod tests {
         c.insert(3, 0, bytes(5, 500));
         assert_eq!(c.stats().bytes, 2500);
         assert_eq!(c.get(3, 0).unwrap()[0], 5);
-        admit(&c, 4, 0, bytes(6, 3001));
+        c.insert(4, 0, bytes(6, 3001));
         assert!(c.get(4, 0).is_none());
         assert_eq!(c.stats().bytes, 2500);
         c.clear();
@@ -259,7 +276,8 @@ mod tests {
     #[test]
     fn a_zero_budget_keeps_nothing() {
         let c = DataCache::new(0);
-        admit(&c, 1, 0, bytes(1, 10));
+        assert!(!c.note_read(1, 0, 10, 10));
+        c.insert(1, 0, bytes(1, 10));
         assert!(c.get(1, 0).is_none());
         assert_eq!(c.stats(), DataCacheStats::default());
     }

@@ -778,26 +778,6 @@ impl DataStore {
         Ok(out)
     }
 
-    /// `len` data bytes at `offset` of stripe `id`, copied from the cache when it holds every
-    /// shard they lie in; `None` (read the drives) otherwise.
-    pub fn read_cached(&self, id: u64, rec: &StripeRec, offset: u64, len: usize) -> Option<Vec<u8>> {
-        if !self.cache.enabled() || len == 0 {
-            return None;
-        }
-        let sb = rec.shard_bytes as u64;
-        let (mut pos, end) = (offset, offset + len as u64);
-        let mut out = Vec::with_capacity(len);
-        while pos < end {
-            let shard = (pos / sb) as usize;
-            let piece_end = ((shard as u64 + 1) * sb).min(end);
-            let c = self.cache.get(id, shard)?;
-            let at = (pos - shard as u64 * sb) as usize;
-            out.extend_from_slice(&c[at..at + (piece_end - pos) as usize]);
-            pos = piece_end;
-        }
-        Some(out)
-    }
-
     /// Reads a run of pieces, in order: stripe data ranges and zeros
     /// (holes). All drive reads are in flight at once, and shard pieces that lie back to
     /// back on one drive (consecutive stripes of a sequentially written file do) are read
@@ -825,6 +805,8 @@ impl DataStore {
             disk: u64,
             /// The shard's data, kept in the cache: no drive request.
             cached: Option<ReadBytes>,
+            /// Read whole (`a`..`b` cover its data) to be kept in the cache.
+            keep: bool,
         }
         let mut parts: Vec<Part> = Vec::new();
         let mut direct = vec![true; pieces.len()];
@@ -837,15 +819,20 @@ impl DataStore {
             while pos < end {
                 let shard = (pos / sb) as usize;
                 let piece_end = ((shard as u64 + 1) * sb).min(end);
-                let a = (pos % sb) / cb * cb;
-                let b = ((piece_end - shard as u64 * sb).div_ceil(cb) * cb).min(sb);
+                let mut a = (pos % sb) / cb * cb;
+                let mut b = ((piece_end - shard as u64 * sb).div_ceil(cb) * cb).min(sb);
                 let p = rec.placements[shard];
                 let cached = self.cache.get(*id, shard);
                 if cached.is_none() && self.device(&p).is_none() {
                     direct[i] = false;
                     break;
                 }
-                parts.push(Part { piece: i, shard, a, b, from: pos, to: piece_end, drive: p.drive, disk: p.offset + a, cached });
+                let data_len = rec.shard_data_len(shard);
+                let keep = cached.is_none() && self.cache.note_read(*id, shard, piece_end - pos, data_len);
+                if keep {
+                    (a, b) = (0, (data_len.div_ceil(cb) * cb).min(sb));
+                }
+                parts.push(Part { piece: i, shard, a, b, from: pos, to: piece_end, drive: p.drive, disk: p.offset + a, cached, keep });
                 pos = piece_end;
             }
             if !direct[i] {
@@ -938,9 +925,10 @@ impl DataStore {
                 }
                 let src = at as usize + (part.from - shard_start - part.a) as usize;
                 let n = (part.to - part.from) as usize;
-                if part.from == shard_start && part.to == shard_start + rec.shard_data_len(part.shard) {
-                    // The shard's whole data, verified: kept for the next read.
-                    self.cache.insert(id, part.shard, ReadBytes { buf: run_buf.clone(), range: src..src + n });
+                if part.keep {
+                    // The shard's whole data, verified: kept for the next reads.
+                    let whole = at as usize..at as usize + rec.shard_data_len(part.shard) as usize;
+                    self.cache.insert(id, part.shard, ReadBytes { buf: run_buf.clone(), range: whole });
                 }
                 out.push(ReadBytes { buf: run_buf, range: src..src + n });
                 out_len += n;

@@ -932,18 +932,16 @@ impl Engine {
             Storage::Extents => self.extents_overlapping(ino, offset, end)?,
             Storage::Inline => Vec::new(),
         };
-        // One extent covering the whole range (a sequential reader's usual case): its bytes
-        // are the answer, without zeroing and copying them into another buffer.
+        // One extent covering the whole range (a sequential reader's usual case), and no data
+        // cache to consult or fill: its bytes are the answer, without zeroing and copying them
+        // into another buffer.
         if let [(eoff, ext)] = extents.as_slice()
             && *eoff <= offset
             && eoff + ext.len >= end
+            && !self.data.cache.enabled()
         {
             let stripe = self.load_stripe(ext.stripe_id)?;
-            let at = ext.stripe_offset + (offset - eoff);
-            if let Some(bytes) = self.data.read_cached(ext.stripe_id, &stripe, at, len) {
-                return Ok(split_chunks(bytes, chunk_bytes));
-            }
-            return Ok(split_chunks(self.data.read_range(&stripe, at, len)?, chunk_bytes));
+            return Ok(split_chunks(self.data.read_range(&stripe, ext.stripe_offset + (offset - eoff), len)?, chunk_bytes));
         }
         match rec.storage {
             Storage::Inline => {

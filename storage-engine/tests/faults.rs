@@ -369,6 +369,22 @@ fn the_data_cache_answers_rereads_and_never_old_bytes() {
     assert!(e.read(&c, ino, 70_001, 30_000).unwrap() == a[70_001..100_001], "inside one stripe");
     assert_eq!(reads(), before, "read three times, a file is read from memory");
 
+    // Read in small parts (samples in a shard): once twice a shard's data was read, the next
+    // read of it fetches it whole; later passes are answered from memory.
+    let s_data = bytes(5, 256 * 1024);
+    let s_ino = put(&e, "/s", &s_data);
+    let pass = || {
+        let before = reads();
+        for off in (0..s_data.len()).step_by(4096) {
+            assert!(e.read(&c, s_ino, off as u64, 4096).unwrap() == s_data[off..off + 4096]);
+        }
+        reads() - before
+    };
+    assert_eq!(pass(), 64, "one drive read per 4 KiB read, nothing more");
+    assert_eq!(pass(), 64);
+    assert_eq!(pass(), 16, "each 16 KiB shard fetched whole by its first read");
+    assert_eq!(pass(), 0, "then answered from memory");
+
     // A drive that returns garbage does not reach what is cached.
     ctl.lock()[1].corrupt_reads_in(0..u64::MAX);
     assert!(get(&e, "/a") == a);
