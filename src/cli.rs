@@ -89,6 +89,11 @@ pub enum Command {
         #[command(flatten)]
         conn: Conn,
     },
+    /// The data cache: stripe data kept in memory for reads, hits and misses.
+    Cache {
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Portals: extend a hub directory to this (spoke) cluster (default: list).
     Portal {
         #[command(flatten)]
@@ -469,6 +474,11 @@ pub fn run(cmd: Command) -> Result<()> {
             let v = c.call(Method::GET, "/capacity", None, "get capacity")?;
             c.print(&v, print_capacity)
         }
+        Command::Cache { conn } => {
+            let c = Client::new(&conn)?;
+            let v = c.call(Method::GET, "/cache", None, "get the data cache")?;
+            c.print(&v, print_cache)
+        }
     }
 }
 
@@ -829,6 +839,13 @@ fn print_capacity(v: &Value) {
     println!("usable: {} of {} used ({pct:.1}%), {} free", human_bytes(used), human_bytes(total), human_bytes(u(v, "free_bytes")));
     println!("raw:    {} total, {} free", human_bytes(u(v, "raw_total_bytes")), human_bytes(u(v, "raw_free_bytes")));
     println!("files:  {}", u(v, "files"));
+}
+
+fn print_cache(v: &Value) {
+    let (hits, misses) = (u(v, "hits"), u(v, "misses"));
+    let pct = if hits + misses == 0 { 0.0 } else { hits as f64 * 100.0 / (hits + misses) as f64 };
+    println!("data cache: {} of {} in {} shards", human_bytes(u(v, "bytes")), human_bytes(u(v, "max_bytes")), u(v, "entries"));
+    println!("reads:      {hits} shards from memory, {misses} from drives ({pct:.1}% from memory)");
 }
 
 fn print_health(v: &Value) {

@@ -54,6 +54,8 @@ fn files_drives_jobs_users_and_tokens_through_the_cli() {
     assert_eq!(drives.matches("online").count(), 6, "{drives}");
     let health = ok(&cli(&d, &["health"], None, &[]));
     assert!(health.contains("ok"), "{health}");
+    let cache = ok(&cli(&d, &["cache"], None, &[]));
+    assert!(cache.contains("data cache: ") && cache.contains(" shards from memory"), "{cache}");
     let scrub = ok(&cli(&d, &["jobs", "scrub", "--wait"], None, &[]));
     assert!(scrub.contains("completed"), "{scrub}");
 

@@ -1,4 +1,4 @@
-//! Admin API: health, tokens, drives, pools, capacity, users, groups, jobs.
+//! Admin API: health, tokens, drives, pools, capacity, the data cache, users, groups, jobs.
 
 use axum::Json;
 use axum::body::Bytes;
@@ -23,6 +23,7 @@ pub(crate) fn routes(r: Routes) -> Routes {
         .on(Method::POST, "/api/v1/drives/{index}/fail", fail_drive)
         .on(Method::GET, "/api/v1/pools", list_pools)
         .on(Method::GET, "/api/v1/capacity", capacity)
+        .on(Method::GET, "/api/v1/cache", data_cache)
         .on(Method::GET, "/api/v1/users", list_users)
         .on(Method::POST, "/api/v1/users", create_user)
         .on(Method::GET, "/api/v1/users/{name}", get_user)
@@ -223,6 +224,11 @@ async fn capacity(State(st): State<AppState>, auth: Auth) -> ApiResult<Json<wire
     let caller = auth.0;
     let s = blocking(move || engine.statfs(&caller)).await?;
     Ok(Json(wire::Capacity::from(&s)))
+}
+
+async fn data_cache(State(st): State<AppState>, auth: Auth) -> ApiResult<Json<wire::DataCache>> {
+    auth.require(Role::ReadOnly)?;
+    Ok(Json(wire::DataCache::from(&st.engine.data_cache_stats())))
 }
 
 // ------------------------------------------------------------------ users, groups

@@ -125,6 +125,8 @@ fn operations() -> Vec<Op> {
         op("get", "/api/v1/pools", "capacity", "Storage pools (read-only role)").ok("200", "pools", Some(array_of("Pool"))),
         op("get", "/api/v1/capacity", "capacity", "Usable and raw capacity (read-only role)")
             .ok("200", "capacity", Some(schema_ref("Capacity"))),
+        op("get", "/api/v1/cache", "capacity", "The data cache: bytes kept, hits and misses (read-only role)")
+            .ok("200", "data cache", Some(schema_ref("DataCache"))),
         op("get", "/api/v1/users", "identities", "List users (read-only role)").ok("200", "users", Some(array_of("User"))),
         op("post", "/api/v1/users", "identities", "Create a user (admin role)")
             .body(schema_ref("NewUser"))
@@ -262,6 +264,9 @@ fn schemas() -> Value {
             ("name", s()), ("data_shards", int()), ("parity_shards", int()), ("drives", ints()),
             ("raw_capacity_bytes", int()), ("raw_used_bytes", int()),
         ], &["name", "data_shards", "parity_shards", "drives", "raw_capacity_bytes", "raw_used_bytes"]),
+        "DataCache": obj(&[
+            ("max_bytes", int()), ("bytes", int()), ("entries", int()), ("hits", int()), ("misses", int()),
+        ], &["max_bytes", "bytes", "entries", "hits", "misses"]),
         "Capacity": obj(&[
             ("total_bytes", int()), ("free_bytes", int()), ("used_bytes", int()), ("files", int()),
             ("raw_total_bytes", int()), ("raw_free_bytes", int()),

@@ -133,6 +133,25 @@ impl From<&se::PoolInfo> for Pool {
     }
 }
 
+/// The data cache: verified stripe data kept in memory for reads.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DataCache {
+    /// Budget (`[engine] data_cache_bytes`); 0: no cache.
+    pub max_bytes: u64,
+    pub bytes: u64,
+    /// Shards kept.
+    pub entries: u64,
+    /// Shard reads answered from memory, and those that went to a drive, since the start.
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl From<&se::DataCacheStats> for DataCache {
+    fn from(c: &se::DataCacheStats) -> DataCache {
+        DataCache { max_bytes: c.max_bytes, bytes: c.bytes, entries: c.entries, hits: c.hits, misses: c.misses }
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Capacity {
     /// Usable bytes: raw capacity times k/(k+m).

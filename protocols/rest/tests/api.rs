@@ -80,6 +80,7 @@ async fn user_without_permission_gets_403_and_nothing_changes() {
         alice(Method::GET, "/drives"),
         alice(Method::GET, "/jobs"),
         alice(Method::GET, "/capacity"),
+        alice(Method::GET, "/cache"),
         alice(Method::GET, "/users"),
         alice(Method::POST, "/users").json(&json!({ "name": "mallory", "password": "mallory-password" })),
         alice(Method::POST, "/jobs").json(&json!({ "kind": "scrub" })),
@@ -573,6 +574,20 @@ async fn admin_reads_pools_and_capacity() {
     let drives = s.admin_json(Method::GET, "/drives", None).await;
     assert_eq!(drives.as_array().unwrap().len(), DRIVES);
     assert!(drives.as_array().unwrap().iter().all(|d| d["state"] == "online"));
+    // The data cache: a file read three times is kept, the fourth read is a hit.
+    let cache = s.admin_json(Method::GET, "/cache", None).await;
+    assert!(cache["max_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(cache["bytes"], 0);
+    let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    let res = s.admin(Method::PUT, "/files/cached.bin").body(body.clone()).send().await.unwrap();
+    assert!(res.status().is_success());
+    for _ in 0..4 {
+        let res = s.admin(Method::GET, "/files/cached.bin").send().await.unwrap();
+        assert!(res.bytes().await.unwrap() == body);
+    }
+    let cache = s.admin_json(Method::GET, "/cache", None).await;
+    assert!(cache["bytes"].as_u64().unwrap() >= 1_000_000, "{cache}");
+    assert!(cache["entries"].as_u64().unwrap() > 0 && cache["hits"].as_u64().unwrap() > 0, "{cache}");
     s.stop().await;
 }
 
@@ -654,6 +669,7 @@ async fn openapi_documents_exactly_the_served_routes() {
         ("DELETE", "/api/v1/auth/tokens/{id}"),
         ("POST", "/api/v1/drives/{index}/replace"),
         ("GET", "/api/v1/capacity"),
+        ("GET", "/api/v1/cache"),
         ("PATCH", "/api/v1/users/{name}"),
         ("POST", "/api/v1/jobs/{id}/cancel"),
         ("PUT", "/api/v1/files/{path}"),
