@@ -17,7 +17,9 @@
 //! program: reqwest with a small SigV4 signer (header form, `UNSIGNED-PAYLOAD`, so the client
 //! hashes nothing), the same requests for both servers. Measurements:
 //!
-//! - PUT then GET of 64 MiB objects, 1 stream and 8 concurrent streams (MiB/s of object data);
+//! - PUT then GET of 64 MiB objects, 1 stream and 8 concurrent streams (MiB/s of object data),
+//!   and a GET of the same objects read again (after two more unmeasured GETs: Aquifer's data
+//!   cache keeps a shard once twice its data was read; s3s-fs reads through the page cache);
 //! - PUT then GET of 4 KiB objects, 1 and 8 streams (operations/s);
 //! - ListObjectsV2 of a bucket of 100,000 keys (`S3_BENCH_LIST_KEYS`), 1000 keys a page:
 //!   seconds to list them all (a listing is stopped after `LIST_SECS_MAX` and shown as "> s").
@@ -48,6 +50,8 @@ const LARGE_BYTES: usize = 64 * MIB;
 /// Large objects each stream moves, per phase: 1 stream moves 8, 8 streams move 16 in all.
 const LARGE_OBJECTS_ONE_STREAM: usize = 8;
 const LARGE_OBJECTS_PER_STREAM_OF_8: usize = 2;
+/// GETs of the large objects between the first measured one and the "read again" one.
+const REREADS_BEFORE_MEASURED: usize = 2;
 const SMALL_BYTES: usize = 4096;
 /// Small objects per phase (split across the streams).
 const SMALL_OBJECTS: usize = 2000;
@@ -318,17 +322,26 @@ async fn measure_round(c: &Client, round: usize) -> Result<Rows> {
         })
         .await?;
         r.push((format!("PUT 64 MiB, {streams} stream{} (MiB/s)", plural(streams)), (n * LARGE_BYTES / MIB) as f64 / t.as_secs_f64()));
-        let cc = c.clone();
-        let t = parallel(streams, n, move |i| {
-            let cc = cc.clone();
-            async move {
-                let got = cc.get(&format!("/bench/r{round}/large/{streams}/{i}")).await?;
-                ensure!(got == LARGE_BYTES, "GET returned {got} bytes, not {LARGE_BYTES}");
-                Ok(())
-            }
-        })
-        .await?;
+        let get_all = || {
+            let cc = c.clone();
+            parallel(streams, n, move |i| {
+                let cc = cc.clone();
+                async move {
+                    let got = cc.get(&format!("/bench/r{round}/large/{streams}/{i}")).await?;
+                    ensure!(got == LARGE_BYTES, "GET returned {got} bytes, not {LARGE_BYTES}");
+                    Ok(())
+                }
+            })
+        };
+        let t = get_all().await?;
         r.push((format!("GET 64 MiB, {streams} stream{} (MiB/s)", plural(streams)), (n * LARGE_BYTES / MIB) as f64 / t.as_secs_f64()));
+        // Data read again, as a training job's later epochs read it: from Aquifer's data
+        // cache (which keeps a shard once twice its data was read) and s3s-fs's page cache.
+        for _ in 0..REREADS_BEFORE_MEASURED {
+            get_all().await?;
+        }
+        let t = get_all().await?;
+        r.push((format!("GET 64 MiB read again, {streams} stream{} (MiB/s)", plural(streams)), (n * LARGE_BYTES / MIB) as f64 / t.as_secs_f64()));
         for i in 0..n {
             c.call("DELETE", &format!("/bench/r{round}/large/{streams}/{i}"), &[], Bytes::new()).await?;
         }
