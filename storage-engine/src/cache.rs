@@ -1,6 +1,6 @@
 //! The data cache: verified data shards of stripes kept in memory, so that data read again
-//! (a training job's next epoch, a file read over NFS right after it was written over S3)
-//! is answered without drive requests, as a kernel file server answers from its page cache.
+//! and again (a training job's later epochs, a dataset that several jobs read) is answered
+//! without drive requests, as a kernel file server answers from its page cache.
 //!
 //! The drives are read with O_DIRECT, so without this every read goes to the drives. A
 //! stripe's data never changes while it exists: writes make new stripes (copy on write),
@@ -68,7 +68,7 @@ fn ghosts_max(max_bytes: usize) -> usize {
     (max_bytes / (64 << 10)).max(1024)
 }
 
-/// What the cache holds and how it has served, for the health API and tests.
+/// What the cache holds and how it has served (`GET /api/v1/cache`, `aquifer cache`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DataCacheStats {
     pub max_bytes: u64,

@@ -480,6 +480,8 @@ pub(crate) fn utf8(b: &[u8], what: &str) -> Result<String> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn crc32c_matches_the_reference_and_the_crc32c_crate() {
         // RFC 3720 B.4 and the catalogue's check value: stripes written before keep verifying.
@@ -498,8 +500,6 @@ mod tests {
             }
         }
     }
-
-    use super::*;
 
     #[test]
     fn inode_round_trip_and_truncation() {
