@@ -184,7 +184,7 @@ impl DataCache {
         }
     }
 
-    /// Drops every entry (for an operator, and for tests that must reach the drives).
+    /// Drops every entry and ghost (tests that must reach the drives again use it).
     pub fn clear(&self) {
         let old = {
             let mut g = self.inner.lock();

@@ -613,7 +613,6 @@ fn user_metadata(m: &ObjectMeta) -> Option<Metadata> {
     (!m.user.is_empty()).then(|| m.user.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
 }
 
-/// Sets the S3 xattrs of a staged or fresh file.
 /// The extended attributes that keep an object's metadata and tags (none for empty ones).
 fn object_xattrs(meta: &ObjectMeta, tags: &[(String, String)]) -> Vec<(&'static [u8], Vec<u8>)> {
     let mut out = Vec::with_capacity(3);
@@ -626,26 +625,23 @@ fn object_xattrs(meta: &ObjectMeta, tags: &[(String, String)]) -> Vec<(&'static 
     out
 }
 
-/// Records a new object's ETag (for the data of `attr`), metadata, tags and `more` on its
-/// file in one change. The file is the caller's own, made by the request that publishes it,
-/// so this runs as the system.
-fn record_object(engine: &Engine, ino: Ino, etag: &str, attr: &Attr, meta: &ObjectMeta, tags: &[(String, String)], more: &[(&[u8], &[u8])]) -> S3Result<()> {
+/// The extended attributes that record a new object for its data `attr`: the ETag and, for
+/// one completed from parts, the part sizes (both naming that data's size and time), then
+/// its metadata and tags.
+fn object_records(etag: &str, attr: &Attr, parts: Option<&[u64]>, meta: &ObjectMeta, tags: &[(String, String)]) -> Vec<(&'static [u8], Vec<u8>)> {
     let mut set = vec![(XATTR_ETAG, StoredEtag { etag: etag.to_string(), size: attr.size, mtime_ns: attr.mtime_ns }.encode())];
+    if let Some(parts) = parts {
+        set.push((XATTR_PARTS, StoredParts { size: attr.size, mtime_ns: attr.mtime_ns, parts: parts.to_vec() }.encode()));
+    }
     set.extend(object_xattrs(meta, tags));
-    let mut set: Vec<(&[u8], &[u8])> = set.iter().map(|(n, v)| (*n, &v[..])).collect();
-    set.extend_from_slice(more);
-    engine.set_xattrs(&Caller::system(), ino, &[], &set).map_err(|e| map_err(e, Missing::Key))
+    set
 }
 
-/// The extended attributes of an object completed from parts, for its assembled data
-/// `attr`: ETag and part sizes (which name that data's size and time), metadata and tags.
-fn completed_xattrs(etag: &str, attr: &Attr, part_sizes: &[u64], meta: &ObjectMeta, tags: &[(String, String)]) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let mut set = vec![
-        (XATTR_ETAG.to_vec(), StoredEtag { etag: etag.to_string(), size: attr.size, mtime_ns: attr.mtime_ns }.encode()),
-        (XATTR_PARTS.to_vec(), StoredParts { size: attr.size, mtime_ns: attr.mtime_ns, parts: part_sizes.to_vec() }.encode()),
-    ];
-    set.extend(object_xattrs(meta, tags).into_iter().map(|(n, v)| (n.to_vec(), v)));
-    set
+/// Sets `records` ([`object_records`]) on a new object's file in one change. The file is the
+/// caller's own, made by the request that publishes it, so this runs as the system.
+fn record_object(engine: &Engine, ino: Ino, records: &[(&'static [u8], Vec<u8>)]) -> S3Result<()> {
+    let set: Vec<(&[u8], &[u8])> = records.iter().map(|(n, v)| (*n, &v[..])).collect();
+    engine.set_xattrs(&Caller::system(), ino, &[], &set).map_err(|e| map_err(e, Missing::Key))
 }
 
 // ------------------------------------------------------------------ conditions
@@ -1111,7 +1107,7 @@ pub(crate) fn base64_decode(s: &str) -> Option<Vec<u8>> {
 fn publish(engine: &Engine, caller: &Caller, bucket: Ino, key: &str, ino: Ino, etag: &str, meta: &ObjectMeta, tags: &[(String, String)]) -> S3Result<(Attr, Option<String>)> {
     engine.close(caller, ino).map_err(|e| map_err(e, Missing::Key))?;
     let staged = engine.getattr(caller, ino).map_err(|e| map_err(e, Missing::Key))?;
-    record_object(engine, ino, etag, &staged, meta, tags, &[])?;
+    record_object(engine, ino, &object_records(etag, &staged, None, meta, tags))?;
     let versioning = bucket_versioning(engine, bucket);
     let mut tries = 0;
     loop {
@@ -2863,16 +2859,14 @@ impl S3 for AquiferS3 {
             let mut assembled: Option<(u64, i64)> = None;
             let records = |a: &Attr| {
                 assembled = Some((a.size, a.mtime_ns));
-                completed_xattrs(&etag, a, &part_sizes, &meta, &tags)
+                object_records(&etag, a, Some(&part_sizes), &meta, &tags).into_iter().map(|(n, v)| (n.to_vec(), v)).collect()
             };
             let (attr, version_id) =
                 engine.multipart_complete_versioned(&caller, &id, &wanted, records, mode, versioning).map_err(|e| map_err(e, Missing::Upload))?;
             if assembled != Some((attr.size, attr.mtime_ns)) {
                 // Publishing gave the data another size or time (a portal's hub publishes
                 // its own copy): the records follow for the data as published.
-                let set = completed_xattrs(&etag, &attr, &part_sizes, &ObjectMeta::default(), &[]);
-                let set: Vec<(&[u8], &[u8])> = set.iter().map(|(n, v)| (&n[..], &v[..])).collect();
-                engine.set_xattrs(&Caller::system(), attr.ino, &[], &set).map_err(|e| map_err(e, Missing::Key))?;
+                record_object(&engine, attr.ino, &object_records(&etag, &attr, Some(&part_sizes), &ObjectMeta::default(), &[]))?;
             }
             Ok((etag, version_id.filter(|_| versioning == Some(VersionMode::Enabled))))
         })
