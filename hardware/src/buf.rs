@@ -73,12 +73,18 @@ impl AlignedBuf {
     /// Buffers of [`big::BYTES_MIN`] and more are whole huge pages, kept for reuse when freed
     /// (see [`big`]).
     pub(crate) fn for_read(len: usize) -> Self {
+        Self::uninit(len, false)
+    }
+
+    /// [`for_read`](Self::for_read); `reclaim`: when no kept buffer of the size is free,
+    /// first ask the registered [`Reclaim`]s to give one back (see [`FillBuf::with_room`]).
+    fn uninit(len: usize, reclaim: bool) -> Self {
         assert!(len.is_multiple_of(BLOCK_BYTES), "a read buffer is whole blocks");
         if len == 0 {
             return Self::zeroed(0);
         }
         if len >= big::BYTES_MIN {
-            if let Some((ptr, capacity)) = big::take(len) {
+            if let Some((ptr, capacity)) = big::take(len, reclaim) {
                 return Self { ptr, len, capacity, filled: false, big: true, owner: None };
             }
         }
@@ -158,6 +164,12 @@ impl AlignedBuf {
         self.owner.is_some()
     }
 
+    /// For a huge-page buffer that goes back to the kept buffers when dropped (not a view),
+    /// its capacity: the size [`Reclaim::reclaim`] is asked for.
+    pub fn pool_capacity(&self) -> Option<usize> {
+        (self.big && self.owner.is_none()).then_some(self.capacity)
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -231,6 +243,23 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// A holder of huge-page buffers that can let some of them go: the storage engine's data
+/// cache, which keeps drive read buffers. When a [`FillBuf`] (a write buffer, an upload's
+/// chunk) finds no kept buffer of its size, the holders are asked before fresh memory is
+/// mapped: a buffer taken back is memory already faulted in, while a fresh mapping is
+/// faulted in and zeroed page by page, which on the VMs measured doubled the CPU of a large
+/// write that came right after the cache had taken the kept buffers.
+pub trait Reclaim: Send + Sync {
+    /// Drops buffers of `capacity` bytes that it holds (least useful first), stopping at the
+    /// first one that goes back to the kept buffers; false when none did.
+    fn reclaim(&self, capacity: usize) -> bool;
+}
+
+/// Registers a holder to be asked (see [`Reclaim`]); it is forgotten once dropped.
+pub fn register_reclaim(holder: std::sync::Weak<dyn Reclaim>) {
+    big::register(holder);
+}
+
 /// Large read buffers: mappings of whole 2 MiB huge pages, kept for reuse.
 ///
 /// An O_DIRECT read lands wherever the buffer's pages lie in physical memory. A MiB-sized
@@ -248,8 +277,11 @@ impl Drop for AlignedBuf {
 /// [`FillBuf`](super::FillBuf), which shows only the bytes filled into it.
 mod big {
     use std::ptr::NonNull;
+    use std::sync::{Arc, Weak};
 
     use parking_lot::Mutex;
+
+    use super::Reclaim;
 
     /// Size of the huge pages asked for; buffers are whole multiples of it.
     const HUGE_PAGE_BYTES: usize = 2 << 20;
@@ -278,18 +310,42 @@ mod big {
 
     static KEPT: Mutex<Kept> = Mutex::new(Kept { bufs: Vec::new(), bytes: 0 });
 
+    /// Holders asked for buffers before a new mapping (see [`super::Reclaim`]).
+    static RECLAIMERS: Mutex<Vec<Weak<dyn Reclaim>>> = Mutex::new(Vec::new());
+
+    pub(super) fn register(holder: Weak<dyn Reclaim>) {
+        let mut r = RECLAIMERS.lock();
+        r.retain(|h| h.strong_count() > 0);
+        r.push(holder);
+    }
+
     /// A buffer of at least `len` bytes (its capacity, a multiple of the huge page size):
-    /// a kept one of exactly that capacity, or a new mapping. `None` when mapping fails.
-    pub(super) fn take(len: usize) -> Option<(NonNull<u8>, usize)> {
+    /// a kept one of exactly that capacity, with `reclaim` one given back by a registered
+    /// holder, or a new mapping. `None` when mapping fails.
+    pub(super) fn take(len: usize, reclaim: bool) -> Option<(NonNull<u8>, usize)> {
         let capacity = len.next_multiple_of(HUGE_PAGE_BYTES);
-        {
-            let mut k = KEPT.lock();
-            if let Some(i) = k.bufs.iter().rposition(|(c, _)| *c == capacity) {
-                k.bytes -= capacity;
-                return Some((k.bufs.remove(i).1, capacity));
+        if let Some(p) = take_kept(capacity) {
+            return Some((p, capacity));
+        }
+        if reclaim {
+            // Asked outside the lock: a holder's buffers come back through `give`.
+            let holders: Vec<Arc<dyn Reclaim>> = RECLAIMERS.lock().iter().filter_map(Weak::upgrade).collect();
+            for h in holders {
+                while h.reclaim(capacity) {
+                    if let Some(p) = take_kept(capacity) {
+                        return Some((p, capacity));
+                    }
+                }
             }
         }
         map(capacity).map(|p| (p, capacity))
+    }
+
+    fn take_kept(capacity: usize) -> Option<NonNull<u8>> {
+        let mut k = KEPT.lock();
+        let i = k.bufs.iter().rposition(|(c, _)| *c == capacity)?;
+        k.bytes -= capacity;
+        Some(k.bufs.remove(i).1)
     }
 
     /// Keeps a buffer from [`take`], unmapping the longest-kept ones as needed to stay within
@@ -417,8 +473,13 @@ pub struct FillBuf {
 
 impl FillBuf {
     /// An empty buffer with room for `room` bytes (rounded up to whole blocks).
+    ///
+    /// Of 2 MiB and more it is a kept huge-page buffer when one of that size is free, else
+    /// one that a [`Reclaim`] holder gives back, else a new mapping: writes take memory back
+    /// from the data cache rather than fault in more (read buffers do not, so a cache still
+    /// filling up is not emptied by its own reads).
     pub fn with_room(room: usize) -> Self {
-        Self { buf: AlignedBuf::for_read(round_up_to_block(room)), filled: 0 }
+        Self { buf: AlignedBuf::uninit(round_up_to_block(room), true), filled: 0 }
     }
 
     /// A buffer holding `len` zero bytes, with room for `room` (at least `len`).
@@ -537,6 +598,40 @@ mod tests {
     fn read_buffers_refuse_access_until_filled() {
         let buf = AlignedBuf::for_read(2 * BLOCK_BYTES);
         let _ = buf[0];
+    }
+
+    /// A write buffer that finds no kept buffer of its size takes one a registered holder
+    /// lets go of; a read buffer does not ask.
+    #[test]
+    fn write_buffers_take_back_what_holders_let_go() {
+        // A size no other test uses, so that no kept buffer of it is free.
+        const CAP: usize = 14 << 20;
+        struct Holder(parking_lot::Mutex<Vec<AlignedBuf>>);
+        impl Reclaim for Holder {
+            fn reclaim(&self, capacity: usize) -> bool {
+                capacity == CAP && self.0.lock().pop().is_some()
+            }
+        }
+        let held: Vec<AlignedBuf> = (0..2).map(|_| AlignedBuf::for_read(CAP)).collect();
+        let addrs: Vec<usize> = held.iter().map(|b| b.ptr.as_ptr() as usize).collect();
+        assert!(held.iter().all(|b| b.pool_capacity() == Some(CAP)));
+        let holder = std::sync::Arc::new(Holder(parking_lot::Mutex::new(held)));
+        let dyn_holder: std::sync::Arc<dyn Reclaim> = holder.clone();
+        register_reclaim(std::sync::Arc::downgrade(&dyn_holder));
+        let read = AlignedBuf::for_read(CAP);
+        assert!(!addrs.contains(&(read.ptr.as_ptr() as usize)), "a read buffer maps memory of its own");
+        assert_eq!(holder.0.lock().len(), 2);
+        let mut write = FillBuf::with_room(CAP);
+        assert_eq!(write.buf.ptr.as_ptr() as usize, addrs[1], "the write buffer is the one let go of");
+        assert_eq!(holder.0.lock().len(), 1);
+        // Other sizes leave the holder alone; views and small buffers go back nowhere.
+        let other = FillBuf::with_room(2 << 20);
+        assert_eq!(holder.0.lock().len(), 1);
+        write.extend_from_slice(&[7u8; BLOCK_BYTES]);
+        let shared = std::sync::Arc::new(write.freeze());
+        assert_eq!(AlignedBuf::view(&shared, 0, BLOCK_BYTES).pool_capacity(), None);
+        assert_eq!(AlignedBuf::zeroed(BLOCK_BYTES).pool_capacity(), None);
+        drop((read, other, shared));
     }
 
     #[test]

@@ -26,7 +26,7 @@ mod mem;
 mod pread;
 mod uring;
 
-pub use buf::{AlignedBuf, FillBuf};
+pub use buf::{AlignedBuf, FillBuf, Reclaim, register_reclaim};
 pub use completion::IoCompletion;
 pub use drive::{BackendChoice, DriveOpenOptions, create_file_drive, io_uring_available, open_drive};
 pub use faulty::{FaultControl, FaultyDrive};

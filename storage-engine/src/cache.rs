@@ -26,8 +26,15 @@
 //! parts of a large file fetch a shard whole only after twice its size was read from it, so
 //! at most half again as many bytes as were asked for. Data written is not kept, for the
 //! same reason: the write buffers go back to their pool for the next writes.
+//!
+//! The other way round, writes take memory back from the cache: a write buffer that finds
+//! none of its size in the pool (the cache took them for the reads it kept) gets one the
+//! cache lets go of, its least recently used entries of that buffer size, instead of fresh
+//! memory (`impl hardware::Reclaim`). Without it, eight 64 MiB PUTs right after the cache
+//! had filled took half again as much CPU as the same PUTs before.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -62,6 +69,12 @@ struct Inner {
 /// Times its data a shard is read before the next read fetches it whole and keeps it.
 const READS_BEFORE_KEEPING: u64 = 2;
 
+/// Entries looked at, least recently used first, for one of a buffer size writers ask back.
+const RECLAIM_SCAN_MAX: usize = 256;
+/// Entries evicted for one buffer asked back: the shards of one drive read share its buffer,
+/// which goes back only with the last of them.
+const RECLAIM_EVICTIONS_MAX: usize = 64;
+
 /// Ghost keys remembered per byte of budget: one per 64 KiB, at least 1024 (a 1 GiB budget
 /// of 1 MiB shards remembers the last 16 GiB read once).
 fn ghosts_max(max_bytes: usize) -> usize {
@@ -82,6 +95,16 @@ pub struct DataCacheStats {
 impl DataCache {
     pub fn new(max_bytes: usize) -> DataCache {
         DataCache { max_bytes, inner: Mutex::new(Inner::default()), hits: AtomicU64::new(0), misses: AtomicU64::new(0) }
+    }
+
+    /// A cache that writers may take buffers back from (see [`hardware::Reclaim`]).
+    pub fn new_shared(max_bytes: usize) -> Arc<DataCache> {
+        let cache = Arc::new(DataCache::new(max_bytes));
+        if cache.enabled() {
+            let holder: Arc<dyn hardware::Reclaim> = cache.clone();
+            hardware::register_reclaim(Arc::downgrade(&holder));
+        }
+        cache
     }
 
     pub fn enabled(&self) -> bool {
@@ -173,6 +196,23 @@ impl DataCache {
         drop(evicted);
     }
 
+    /// Evicts the least recently used entry whose buffer has capacity `capacity` (among the
+    /// [`RECLAIM_SCAN_MAX`] least recently used), if any.
+    fn evict_for(&self, capacity: usize) -> Option<ReadBytes> {
+        let mut g = self.inner.lock();
+        let inner = &mut *g;
+        let (tick, key) = inner
+            .by_use
+            .iter()
+            .take(RECLAIM_SCAN_MAX)
+            .find(|(_, k)| inner.map.get(k).and_then(|(b, _)| b.pool_capacity()) == Some(capacity))
+            .map(|(t, k)| (*t, *k))?;
+        inner.by_use.remove(&tick);
+        let (bytes, _) = inner.map.remove(&key).expect("every key in the use order is kept");
+        inner.bytes -= bytes.len();
+        Some(bytes)
+    }
+
     pub fn stats(&self) -> DataCacheStats {
         let g = self.inner.lock();
         DataCacheStats {
@@ -201,6 +241,24 @@ impl DataCache {
 /// The default budget: an eighth of the machine's memory, at least 64 MiB and at most 8 GiB.
 pub(crate) fn default_bytes() -> usize {
     (hardware::memory_bytes() / 8).clamp(64 << 20, 8 << 30)
+}
+
+/// Writers take memory back from the cache: a write buffer that finds no kept buffer of its
+/// size gets one the cache let go of (its least recently used entries of that buffer size)
+/// instead of a fresh mapping. Reads do not ask, so the cache still grows to its budget, and
+/// writes take back only what they hold at once beyond the kept buffers.
+impl hardware::Reclaim for DataCache {
+    fn reclaim(&self, capacity: usize) -> bool {
+        for _ in 0..RECLAIM_EVICTIONS_MAX {
+            let Some(evicted) = self.evict_for(capacity) else { return false };
+            if evicted.sole_holder() {
+                // Dropped here, outside the lock: the buffer goes back to the kept ones.
+                drop(evicted);
+                return true;
+            }
+        }
+        false
+    }
 }
 
 #[cfg(test)]
@@ -245,6 +303,46 @@ mod tests {
         for _ in 0..5 {
             assert!(!small.note_read(1, 0, 100, 100));
         }
+    }
+
+    /// Writers take back the least recently used entries of the buffer size they ask for,
+    /// all the shards that share a buffer, and stop once one buffer is free; a buffer still
+    /// held elsewhere (a reply being sent from it) is not counted as free.
+    #[test]
+    fn writers_take_back_least_recently_used_buffers_of_their_size() {
+        use hardware::{FillBuf, Reclaim};
+        // Sizes no other test uses.
+        const CAP: usize = 10 << 20;
+        const OTHER: usize = 6 << 20;
+        let drive_buf = |room: usize, fill: u8| {
+            let mut f = FillBuf::with_room(room);
+            f.extend_from_slice(&vec![fill; room]);
+            ReadBytes::from_drive_buf(f.freeze())
+        };
+        let c = DataCache::new(1 << 30);
+        let (a, b, other) = (drive_buf(CAP, 1), drive_buf(CAP, 2), drive_buf(OTHER, 3));
+        admit(&c, 1, 0, a.slice(0..CAP / 2));
+        admit(&c, 1, 1, a.slice(CAP / 2..CAP));
+        admit(&c, 2, 0, other);
+        admit(&c, 3, 0, b);
+        admit(&c, 4, 0, bytes(4, 1000));
+        drop(a);
+        // Both shards of the oldest buffer of the size go; the other sizes stay.
+        assert!(c.reclaim(CAP));
+        assert!(c.get(1, 0).is_none() && c.get(1, 1).is_none());
+        assert!(c.get(2, 0).is_some() && c.get(3, 0).is_some() && c.get(4, 0).is_some());
+        assert_eq!(c.stats().bytes as usize, OTHER + CAP + 1000);
+        // A buffer someone still holds is evicted but frees nothing.
+        let held = c.get(3, 0).expect("kept");
+        assert!(!c.reclaim(CAP));
+        assert!(c.get(3, 0).is_none());
+        assert_eq!(&held[..4], &[2u8; 4]);
+        // No entry of the size: nothing happens.
+        assert!(!c.reclaim(CAP));
+        assert_eq!(c.stats().entries, 2);
+        assert!(c.reclaim(OTHER));
+        assert!(!c.reclaim(OTHER));
+        assert_eq!(c.stats().entries, 1);
     }
 
     #[test]

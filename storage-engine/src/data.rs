@@ -103,6 +103,27 @@ impl ReadBytes {
         }
     }
 
+    /// The capacity of the drive read buffer these lie in, when dropping its last holder
+    /// gives it back to the kept huge-page buffers (`AlignedBuf::pool_capacity`).
+    pub(crate) fn pool_capacity(&self) -> Option<usize> {
+        match &*self.buf {
+            Backing::Drive(b) => b.pool_capacity(),
+            _ => None,
+        }
+    }
+
+    /// All of `buf`, as if a drive had read it (tests of the cache).
+    #[cfg(test)]
+    pub(crate) fn from_drive_buf(buf: AlignedBuf) -> ReadBytes {
+        let n = buf.len();
+        ReadBytes { buf: Arc::new(Backing::Drive(buf)), range: 0..n }
+    }
+
+    /// Whether these are the only holder of their buffer, so that dropping them frees it.
+    pub(crate) fn sole_holder(&self) -> bool {
+        Arc::strong_count(&self.buf) == 1
+    }
+
     /// The bytes `range` of these (relative to their start), sharing the buffer.
     pub fn slice(&self, range: std::ops::Range<usize>) -> ReadBytes {
         assert!(range.start <= range.end && range.end <= self.len(), "slice past the bytes");
@@ -389,7 +410,7 @@ pub(crate) struct DataStore {
     /// Drive syncs, shared by concurrent durable operations.
     drive_sync: crate::group_sync::GroupSync,
     /// Verified data shards kept for reads.
-    pub cache: crate::cache::DataCache,
+    pub cache: Arc<crate::cache::DataCache>,
 }
 
 fn round_up_block(n: u64) -> u64 {
@@ -408,7 +429,7 @@ impl DataStore {
             drive_errors_max: 16,
             dirty: AtomicU64::new(0),
             drive_sync: Default::default(),
-            cache: crate::cache::DataCache::new(cache_bytes),
+            cache: crate::cache::DataCache::new_shared(cache_bytes),
         }
     }
 
