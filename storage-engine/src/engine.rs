@@ -251,7 +251,7 @@ pub struct Engine {
     pub(crate) closed: AtomicBool,
     sync_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Metadata log syncs, shared by concurrent durable operations.
-    wal_sync: crate::group_sync::GroupSync,
+    wal_sync: Arc<crate::group_sync::GroupSync>,
     pub(crate) cluster_uuid: [u8; 16],
     pub(crate) audit_seq: AtomicU64,
     pub(crate) remote: parking_lot::RwLock<Option<Arc<dyn crate::remote::RemoteSource>>>,
@@ -1247,20 +1247,36 @@ impl Engine {
         })
     }
 
+    /// `sync_metadata` for callers on an event loop: ready once everything committed before
+    /// the call is durable. The log-sync thread runs the sync as soon as a caller waits
+    /// (shared with every caller waiting then, and with blocking callers'), so none of the
+    /// caller's threads blocks.
+    pub fn durable(&self) -> impl std::future::Future<Output = Result<()>> + Send + '_ {
+        self.wal_sync.durable()
+    }
+
     fn start_sync_thread(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
+        let group = self.wal_sync.clone();
         let interval = Duration::from_millis(self.cfg.wal_sync_interval_ms.max(10));
         let h = std::thread::Builder::new()
             .name("aquifer-walsync".into())
             .spawn(move || {
+                // Syncs every `interval`, and at once when a caller on an event loop waits
+                // (`durable`). It holds the engine only while it syncs.
                 loop {
-                    std::thread::sleep(interval);
-                    let Some(e) = weak.upgrade() else { return };
+                    let upto = group.wait_for_waiters(interval);
+                    let Some(e) = weak.upgrade() else {
+                        group.fail_upto(u64::MAX, "the engine is shut down");
+                        return;
+                    };
                     if e.closed.load(Ordering::Acquire) {
+                        group.fail_upto(u64::MAX, "the engine is shut down");
                         return;
                     }
                     if let Err(err) = e.sync_metadata() {
-                        tracing::error!("periodic metadata sync: {err}");
+                        tracing::error!("metadata sync: {err}");
+                        group.fail_upto(upto, &err.to_string());
                     }
                 }
             })
@@ -2530,12 +2546,33 @@ impl Engine {
         if data.len() as u64 > self.cfg.inline_bytes_max || self.is_mirrored(caller, parent)? {
             return Ok(None);
         }
+        let cmd = self.put_inline_command(caller, parent, name, mode, data, xattrs)?;
+        self.execute(cmd, true)
+    }
+
+    /// `put_inline` for callers on an event loop, without the log sync: the caller makes it
+    /// durable with [`durable`](Self::durable) before it answers. `None`, with nothing
+    /// stored, where `put_inline` would store nothing (too large) or it would wait: the
+    /// engine holds portal mirrors, another mutation holds the mutation lock, or RocksDB
+    /// stalls writes.
+    pub fn try_put_inline(&self, caller: &Caller, parent: Ino, name: &[u8], mode: u32, data: &[u8], xattrs: impl FnOnce(u64, i64) -> Vec<(Vec<u8>, Vec<u8>)>) -> Option<Result<Attr>> {
+        if data.len() as u64 > self.cfg.inline_bytes_max || self.holds_mirrors() {
+            return None;
+        }
+        let cmd = match self.put_inline_command(caller, parent, name, mode, data, xattrs) {
+            Ok(cmd) => cmd,
+            Err(e) => return Some(Err(e)),
+        };
+        self.try_execute(cmd).map(|r| r.map(|a| a.expect("put_inline returns attributes")))
+    }
+
+    fn put_inline_command(&self, caller: &Caller, parent: Ino, name: &[u8], mode: u32, data: &[u8], xattrs: impl FnOnce(u64, i64) -> Vec<(Vec<u8>, Vec<u8>)>) -> Result<Command> {
         let now = self.now();
         let xattrs = xattrs(data.len() as u64, now);
         for (n, _) in &xattrs {
             check_reserved_xattr(caller, n)?;
         }
-        let cmd = Command::PutInline {
+        Ok(Command::PutInline {
             caller: caller.clone(),
             parent,
             name: name.to_vec(),
@@ -2545,8 +2582,7 @@ impl Engine {
             data: data.to_vec(),
             xattrs,
             now,
-        };
-        self.execute(cmd, true)
+        })
     }
 
     pub fn abort_put(&self, _caller: &Caller, ino: Ino) -> Result<()> {

@@ -85,6 +85,66 @@ fn put_inline_creates_or_replaces_in_one_command() {
     assert_eq!(e.getxattr(&c, ino, b"user.etag").unwrap(), format!("10@{mtime}").into_bytes());
 }
 
+/// Polls `f` on this thread until it is ready, parking in between.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// `try_put_inline` (for callers on an event loop) stores what `put_inline` stores, without
+/// the log sync, which `durable` then waits for without blocking; the log-sync thread runs
+/// it as soon as someone waits, not at its next interval. It declines, with nothing stored,
+/// what `put_inline` would not store, and refuses what it refuses.
+#[test]
+fn try_put_inline_stores_and_durable_waits_for_the_log_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    // Only a waiter could wake the log-sync thread within the test's time.
+    cfg.wal_sync_interval_ms = 3_600_000;
+    let ino = {
+        let e = Engine::open(cfg.clone()).unwrap();
+        let c = root();
+        let b = e.mkdir(&c, ROOT_INO, b"bucket", 0o755).unwrap();
+        let a = e
+            .try_put_inline(&c, b.ino, b"k", 0o640, b"small body", |size, mtime| vec![(b"user.etag".to_vec(), format!("{size}@{mtime}").into_bytes())])
+            .expect("nothing to wait for")
+            .unwrap();
+        assert_eq!((a.size, a.mode & 0o7777), (10, 0o640));
+        assert_eq!(get(&e, "/bucket/k"), b"small body");
+        let start = std::time::Instant::now();
+        block_on(e.durable()).unwrap();
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "waited for the sync interval");
+        // Replacing works as with put_inline.
+        let again = e.try_put_inline(&c, b.ino, b"k", 0o640, b"second", |_, _| vec![]).unwrap().unwrap();
+        assert_eq!(again.size, 6);
+        assert_eq!(get(&e, "/bucket/k"), b"second");
+        block_on(e.durable()).unwrap();
+        // Too large: declined, nothing stored; refusals as put_inline's.
+        assert!(e.try_put_inline(&c, b.ino, b"big", 0o644, &bytes(5, 5000), |_, _| vec![]).is_none());
+        assert!(matches!(e.lookup(&c, b.ino, b"big"), Err(Error::NotFound)));
+        e.mkdir(&c, b.ino, b"d", 0o755).unwrap();
+        assert!(matches!(e.try_put_inline(&c, b.ino, b"d", 0o644, b"x", |_, _| vec![]), Some(Err(Error::IsDir))));
+        assert!(matches!(e.try_put_inline(&c, b.ino, b"x", 0o644, b"x", |_, _| vec![(vec![], vec![])]), Some(Err(Error::InvalidArgument(_)))));
+        again.ino
+    };
+    let e = Engine::open(cfg).unwrap();
+    assert_eq!(get(&e, "/bucket/k"), b"second");
+    assert_eq!(e.getattr(&root(), ino).unwrap().size, 6);
+}
+
 #[test]
 fn staged_files_left_by_a_crash_are_reclaimed() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,7 +7,10 @@
 //! request is served while no portal mirror could send one of them to a hub
 //! (`Engine::holds_mirrors`), and the bytes of a small object that lie in the metadata store
 //! (`Engine::try_read_inline`, which declines mirrors itself): for small requests the trip
-//! to the blocking pool cost more than the reads.
+//! to the blocking pool cost more than the reads. Likewise a small PUT whose object the
+//! engine keeps in the metadata store is stored where it is served
+//! (`Engine::try_put_inline`, which declines whatever could wait) and answered once an
+//! `Engine::durable` future says its batch is synced.
 //!
 //! Authentication: an access key is looked up with `Engine::s3_credentials` and the request
 //! runs as that key's user, so the engine checks every permission. A bucket policy (see

@@ -887,22 +887,58 @@ impl PutPlan {
         let mut tries = 0;
         loop {
             let (parent, name) = e.object_parent(c, b.ino, &self.key, true).map_err(|e| map_err(e, Missing::Key))?;
-            let xattrs = |size, mtime_ns| {
-                let mut x = vec![(XATTR_ETAG.to_vec(), StoredEtag { etag: etag.to_string(), size, mtime_ns }.encode())];
-                if !self.meta.is_empty() {
-                    x.push((XATTR_META.to_vec(), self.meta.encode()));
-                }
-                if !self.tags.is_empty() {
-                    x.push((XATTR_TAGS.to_vec(), encode_tags(&self.tags)));
-                }
-                x
-            };
-            match e.put_inline(c, parent, name.as_bytes(), FILE_MODE, data, xattrs) {
+            match e.put_inline(c, parent, name.as_bytes(), FILE_MODE, data, |size, mtime_ns| self.inline_xattrs(etag, size, mtime_ns)) {
                 Ok(done) => return Ok(done.map(|_| ())),
                 // The directory was removed between finding and linking: once more.
                 Err(Error::NotFound) if tries == 0 => tries += 1,
                 Err(e) => return Err(map_err(e, Missing::Key)),
             }
+        }
+    }
+
+    /// What `put_inline` stores beside the content: the ETag, metadata and tags.
+    fn inline_xattrs(&self, etag: &str, size: u64, mtime_ns: i64) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut x = vec![(XATTR_ETAG.to_vec(), StoredEtag { etag: etag.to_string(), size, mtime_ns }.encode())];
+        if !self.meta.is_empty() {
+            x.push((XATTR_META.to_vec(), self.meta.encode()));
+        }
+        if !self.tags.is_empty() {
+            x.push((XATTR_TAGS.to_vec(), encode_tags(&self.tags)));
+        }
+        x
+    }
+
+    /// [`whole`](Self::whole) where the request is served, for an object that
+    /// [`put_inline`](Self::put_inline) stores, without its log sync: the caller awaits
+    /// `Engine::durable` before it answers. Checks and metadata reads as `whole` makes them,
+    /// then `Engine::try_put_inline`. `None`, with nothing stored, whenever `whole` would do
+    /// more or could wait: the engine holds portal mirrors, an ACL of the object's own, a
+    /// versioned bucket, a directory of the key to be made, the mutation lock taken, or any
+    /// error on the way to the key's directory (`whole` then answers it as it does). Returns
+    /// the ETag.
+    fn try_whole_here(&self, data: &[u8], content_md5: Option<&str>) -> Option<S3Result<String>> {
+        let (e, c) = (&self.engine, &self.caller);
+        if e.holds_mirrors() {
+            return None;
+        }
+        let md5 = Md5::digest(data);
+        if let Err(x) = check_content_md5(content_md5, &md5) {
+            return Some(Err(x));
+        }
+        let etag = hex::encode(md5);
+        let (b, acl) = match self.check() {
+            Ok(v) => v,
+            Err(x) => return Some(Err(x)),
+        };
+        if acl.is_some() || bucket_versioning(e, b.ino).is_some() {
+            return None;
+        }
+        let (parent, name) = e.object_parent(c, b.ino, &self.key, false).ok()?;
+        match e.try_put_inline(c, parent, name.as_bytes(), FILE_MODE, data, |size, mtime_ns| self.inline_xattrs(&etag, size, mtime_ns))? {
+            Ok(_) => Some(Ok(etag)),
+            // The directory was removed meanwhile: `whole` makes it again.
+            Err(Error::NotFound) => None,
+            Err(x) => Some(Err(map_err(x, Missing::Key))),
         }
     }
 
@@ -2142,7 +2178,18 @@ impl S3 for AquiferS3 {
         let (etag, version_id, sums) = match early {
             Some(Received::Whole(data)) => {
                 let sums = check.verify(trailers.as_ref())?;
-                let (etag, version_id) = blocking(move || put.whole(None, data, content_md5.as_deref())).await?;
+                // A small object is stored where the request is served when nothing could
+                // wait, and answered once its batch is durable (`Engine::durable`): no trip
+                // to the blocking pool, whose thread wake-ups were most of the CPU of small
+                // PUTs from several clients.
+                let (etag, version_id) = match put.try_whole_here(&data, content_md5.as_deref()) {
+                    Some(stored) => {
+                        let etag = stored?;
+                        engine.durable().await.map_err(|e| map_err(e, Missing::Key))?;
+                        (etag, None)
+                    }
+                    None => blocking(move || put.whole(None, data, content_md5.as_deref())).await?,
+                };
                 (etag, version_id, sums)
             }
             early => {
