@@ -6,8 +6,8 @@
 //! stripe's data never changes while it exists: writes make new stripes (copy on write),
 //! repair and rebuild rewrite shards with the same bytes, and stripe ids are never handed
 //! out twice while the engine runs. So an entry, keyed by stripe id and shard, is never
-//! stale and needs no invalidation; a freed stripe's entries are only dead weight until
-//! they are evicted.
+//! stale and needs no invalidation; a freed stripe's entries are dropped when the change
+//! that frees it is written, to give their memory back.
 //!
 //! Entries are whole data shards (the part of a shard that holds data, not its padding).
 //! An entry shares the buffer the drive read into, so it holds no copy of its own; reads of
@@ -211,6 +211,27 @@ impl DataCache {
         let (bytes, _) = inner.map.remove(&key).expect("every key in the use order is kept");
         inner.bytes -= bytes.len();
         Some(bytes)
+    }
+
+    /// Drops the entries of stripe `id`'s `shards` data shards (the stripe was freed).
+    pub fn forget_stripe(&self, id: u64, shards: usize) {
+        if !self.enabled() {
+            return;
+        }
+        let mut dropped = Vec::new();
+        {
+            let mut g = self.inner.lock();
+            let inner = &mut *g;
+            for shard in 0..shards {
+                if let Some((bytes, used)) = inner.map.remove(&(id, shard as u16)) {
+                    inner.by_use.remove(&used);
+                    inner.bytes -= bytes.len();
+                    dropped.push(bytes);
+                }
+            }
+        }
+        // Buffers go back to their pool outside the lock.
+        drop(dropped);
     }
 
     pub fn stats(&self) -> DataCacheStats {

@@ -1202,7 +1202,7 @@ impl Engine {
     /// Applies `cmd` to a batch and writes it under the mutation lock `guard`. `Ok(None)`: the
     /// write was refused because it would have waited (only with `no_slowdown` set); the
     /// in-memory counters are as before and nothing was written.
-    fn apply_and_write(&self, guard: parking_lot::MutexGuard<'_, ()>, cmd: &Command, wo: &WriteOptions) -> Result<Option<(Applied, Vec<StripeRec>)>> {
+    fn apply_and_write(&self, guard: parking_lot::MutexGuard<'_, ()>, cmd: &Command, wo: &WriteOptions) -> Result<Option<(Applied, Vec<(u64, StripeRec)>)>> {
         let _g = guard;
         let files_before = self.files.load(Ordering::Relaxed);
         let mut batch = WriteBatch::default();
@@ -1221,9 +1221,12 @@ impl Engine {
 
     /// What follows a written batch: frees after the next log sync, the sync itself for a
     /// durable command, change events.
-    fn after_write(&self, applied: Applied, freed: Vec<StripeRec>, durable: bool) -> Result<Option<Attr>> {
-        for s in &freed {
+    fn after_write(&self, applied: Applied, freed: Vec<(u64, StripeRec)>, durable: bool) -> Result<Option<Attr>> {
+        for (id, s) in &freed {
             self.data.free_after_sync(s);
+            // Nobody reads a freed stripe again (ids are never reused): its shards in the
+            // data cache would only be dead weight until evicted.
+            self.data.cache.forget_stripe(*id, s.k as usize);
         }
         // Durable commands sync the log after the mutation lock is released, so concurrent
         // ones share a sync (group commit) instead of queueing behind each other's.
@@ -1325,7 +1328,7 @@ impl Engine {
     /// Drops the link of the file `name` in `dir` (if there is one) for a new file taking its
     /// place: a directory there is IsDir, a sticky directory protects other users' files.
     #[allow(clippy::too_many_arguments)]
-    fn replace_file_entry(&self, caller: &Caller, parent: Ino, dir: &InodeRec, name: &[u8], batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, now: i64) -> Result<()> {
+    fn replace_file_entry(&self, caller: &Caller, parent: Ino, dir: &InodeRec, name: &[u8], batch: &mut WriteBatch, freed: &mut Vec<(u64, StripeRec)>, now: i64) -> Result<()> {
         if let Some((old, okind)) = self.load_dentry(parent, name)? {
             if okind == FileKind::Dir {
                 return Err(Error::IsDir);
@@ -1346,7 +1349,7 @@ impl Engine {
         self.put_inode(batch, ino, dir);
     }
 
-    fn apply(&self, cmd: &Command, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>) -> Result<Applied> {
+    fn apply(&self, cmd: &Command, batch: &mut WriteBatch, freed: &mut Vec<(u64, StripeRec)>) -> Result<Applied> {
         match cmd {
             Command::Create { caller, parent, name, kind, mode, ino, generation, now, target, rdev, exclusive, orphan } => {
                 let mut dir = self.load(*parent)?;
@@ -1645,7 +1648,7 @@ impl Engine {
     }
 
     /// Removes one link to `ino`; at zero links deletes the inode and its data.
-    pub(crate) fn drop_link(&self, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, ino: Ino, mut rec: InodeRec, now: i64) -> Result<()> {
+    pub(crate) fn drop_link(&self, batch: &mut WriteBatch, freed: &mut Vec<(u64, StripeRec)>, ino: Ino, mut rec: InodeRec, now: i64) -> Result<()> {
         let last = rec.kind == FileKind::Dir || rec.nlink <= 1;
         if !last {
             rec.nlink -= 1;
@@ -1677,7 +1680,7 @@ impl Engine {
     /// its range (stripe 0 = punch a hole). Existing extents are trimmed or split; stripes
     /// whose reference count drops to zero are deleted and returned in `freed`. Returns the
     /// change of `stored_bytes`.
-    fn replace_ranges(&self, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, ino: Ino, new: &[(u64, u64, u64)]) -> Result<i64> {
+    fn replace_ranges(&self, batch: &mut WriteBatch, freed: &mut Vec<(u64, StripeRec)>, ino: Ino, new: &[(u64, u64, u64)]) -> Result<i64> {
         let lo = new.iter().map(|n| n.0).min().unwrap_or(0);
         let hi = new.iter().map(|n| n.0.saturating_add(n.1)).max().unwrap_or(0);
         let existing = self.extents_overlapping(ino, lo, hi)?;
@@ -1733,7 +1736,7 @@ impl Engine {
             assert!(r >= 0, "stripe {id} reference count below zero");
             if r == 0 {
                 batch.delete_cf(self.cf(CF_STRIPES), be64(id));
-                freed.push(s);
+                freed.push((id, s));
             } else {
                 s.refs = r as u32;
                 batch.put_cf(self.cf(CF_STRIPES), be64(id), s.encode());
@@ -1743,7 +1746,7 @@ impl Engine {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn apply_rename(&self, caller: &Caller, fp: Ino, fname: &[u8], tp: Ino, tname: &[u8], now: i64, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>) -> Result<Applied> {
+    fn apply_rename(&self, caller: &Caller, fp: Ino, fname: &[u8], tp: Ino, tname: &[u8], now: i64, batch: &mut WriteBatch, freed: &mut Vec<(u64, StripeRec)>) -> Result<Applied> {
         validate_name(fname)?;
         validate_name(tname)?;
         let mut fdir = self.load(fp)?;
@@ -1840,7 +1843,7 @@ impl Engine {
         })
     }
 
-    fn apply_setattr(&self, caller: &Caller, ino: Ino, set: &SetAttr, now: i64, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>) -> Result<Applied> {
+    fn apply_setattr(&self, caller: &Caller, ino: Ino, set: &SetAttr, now: i64, batch: &mut WriteBatch, freed: &mut Vec<(u64, StripeRec)>) -> Result<Applied> {
         let mut rec = self.load(ino)?;
         let owner = caller.uid == 0 || caller.uid == rec.uid;
         if let Some(mode) = set.mode {

@@ -254,7 +254,7 @@ fn records_of(e: &Engine, bucket: Ino, key: &str) -> Result<Vec<(u64, Record)>> 
 }
 
 /// Frees a noncurrent version's inode (and its data).
-fn free_inode(e: &Engine, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, ino: Ino) -> Result<()> {
+fn free_inode(e: &Engine, batch: &mut WriteBatch, freed: &mut Vec<(u64, StripeRec)>, ino: Ino) -> Result<()> {
     batch.delete_cf(e.cf(CF_ORPHANS), be64(ino));
     match e.load(ino) {
         Ok(rec) => e.drop_link(batch, freed, ino, InodeRec { nlink: 1, ..rec }, 0),
@@ -264,7 +264,7 @@ fn free_inode(e: &Engine, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, in
 }
 
 /// Removes the key's `null` record, if it has one (a new null version replaces it).
-fn drop_null_record(e: &Engine, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, bucket: Ino, key: &str) -> Result<()> {
+fn drop_null_record(e: &Engine, batch: &mut WriteBatch, freed: &mut Vec<(u64, StripeRec)>, bucket: Ino, key: &str) -> Result<()> {
     for (seq, r) in records_of(e, bucket, key)? {
         if r.id == NULL_VERSION {
             batch.delete_cf(e.cf(CF_VERSIONS), record_key(bucket, key, seq));
@@ -280,7 +280,7 @@ fn drop_null_record(e: &Engine, batch: &mut WriteBatch, freed: &mut Vec<StripeRe
 /// current: it becomes a noncurrent version, or is freed when it is the null version of a
 /// suspended bucket or has other names (a hard link made through another protocol).
 #[allow(clippy::too_many_arguments)] // one retirement and everything it touches
-fn retire(e: &Engine, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, seqs: &mut Seqs, bucket: Ino, key: &str, old: Ino, victim: InodeRec, mode: VersionMode, now: i64) -> Result<()> {
+fn retire(e: &Engine, batch: &mut WriteBatch, freed: &mut Vec<(u64, StripeRec)>, seqs: &mut Seqs, bucket: Ino, key: &str, old: Ino, victim: InodeRec, mode: VersionMode, now: i64) -> Result<()> {
     let (seq, id) = match current_version(e, old)? {
         Some(v) => v,
         None => (seqs.take(), NULL_VERSION.to_string()),
@@ -300,7 +300,7 @@ fn retire(e: &Engine, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, seqs: 
 /// The sequence number and id of a key's newest version (the last allocated in this batch);
 /// under Suspended it is the `null` version, which replaces the key's null record.
 #[allow(clippy::too_many_arguments)] // one allocation and the key it belongs to
-fn new_version(e: &Engine, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>, mut seqs: Seqs, bucket: Ino, key: &str, mode: VersionMode, nonce: u64) -> Result<(u64, String)> {
+fn new_version(e: &Engine, batch: &mut WriteBatch, freed: &mut Vec<(u64, StripeRec)>, mut seqs: Seqs, bucket: Ino, key: &str, mode: VersionMode, nonce: u64) -> Result<(u64, String)> {
     let seq = seqs.take();
     let id = match mode {
         VersionMode::Enabled => version_id(seq, nonce),
@@ -330,7 +330,7 @@ fn load_dir(e: &Engine, ino: Ino) -> Result<InodeRec> {
     Ok(d)
 }
 
-pub(crate) fn apply(e: &Engine, cmd: &VersionCmd, batch: &mut WriteBatch, freed: &mut Vec<StripeRec>) -> Result<Applied> {
+pub(crate) fn apply(e: &Engine, cmd: &VersionCmd, batch: &mut WriteBatch, freed: &mut Vec<(u64, StripeRec)>) -> Result<Applied> {
     match cmd {
         VersionCmd::Publish { caller, ino, parent, name, bucket, key, mode, nonce, now } => {
             validate_name(name)?;

@@ -404,9 +404,16 @@ fn the_data_cache_answers_rereads_and_never_old_bytes() {
     assert!(get(&e, "/a") == a);
     assert!(reads() > before);
 
+    // Kept again, then deleted: the freed stripes' shards leave the cache with it.
+    for _ in 0..3 {
+        assert!(get(&e, "/a") == a);
+    }
+    assert!(e.data_cache_stats().bytes > 200_000, "{:?}", e.data_cache_stats());
+
     // Deleted; its space is freed and reused by the next files: each reads its own bytes,
     // four times (from the drives three times, then from memory).
     e.unlink(&c, ROOT_INO, b"a").unwrap();
+    assert_eq!(e.data_cache_stats().bytes, 0, "a deleted file's shards stay cached");
     e.sync_metadata().unwrap();
     for i in 0..4u64 {
         let d = bytes(10 + i, 400_000);
