@@ -327,7 +327,8 @@ mod big {
         if let Some(p) = take_kept(capacity) {
             return Some((p, capacity));
         }
-        if reclaim {
+        // Only a size the pool keeps can come back through it (`give` unmaps larger ones).
+        if reclaim && capacity <= kept_bytes_max() {
             // Asked outside the lock: a holder's buffers come back through `give`.
             let holders: Vec<Arc<dyn Reclaim>> = RECLAIMERS.lock().iter().filter_map(Weak::upgrade).collect();
             for h in holders {

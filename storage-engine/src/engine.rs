@@ -1270,11 +1270,11 @@ impl Engine {
                 loop {
                     let upto = group.wait_for_waiters(interval);
                     let Some(e) = weak.upgrade() else {
-                        group.fail_upto(u64::MAX, "the engine is shut down");
+                        group.shut_down("the engine is shut down");
                         return;
                     };
                     if e.closed.load(Ordering::Acquire) {
-                        group.fail_upto(u64::MAX, "the engine is shut down");
+                        group.shut_down("the engine is shut down");
                         return;
                     }
                     if let Err(err) = e.sync_metadata() {
@@ -2551,6 +2551,11 @@ impl Engine {
         }
         let cmd = self.put_inline_command(caller, parent, name, mode, data, xattrs)?;
         self.execute(cmd, true)
+    }
+
+    /// Files up to this size are stored inside metadata (`put_inline` stores nothing larger).
+    pub fn inline_bytes_max(&self) -> u64 {
+        self.cfg.inline_bytes_max
     }
 
     /// `put_inline` for callers on an event loop, without the log sync: the caller makes it

@@ -34,6 +34,8 @@ struct State {
     waiters: HashMap<u64, Waker>,
     /// Tickets of waiting futures whose sync failed, with the error.
     failed: HashMap<u64, String>,
+    /// Nobody runs syncs for futures any more (the engine shut down): why.
+    shut: Option<String>,
 }
 
 #[derive(Default)]
@@ -120,6 +122,12 @@ impl GroupSync {
         }
         woken.into_iter().for_each(Waker::wake);
     }
+
+    /// The log-sync thread stops: fails the futures waiting now and every one made later.
+    pub(crate) fn shut_down(&self, error: &str) {
+        self.state.lock().shut = Some(error.to_string());
+        self.fail_upto(u64::MAX, error);
+    }
 }
 
 /// See [`GroupSync::durable`].
@@ -137,7 +145,7 @@ impl Future for Durable<'_> {
             s.waiters.remove(&self.ticket);
             return Poll::Ready(Ok(()));
         }
-        if let Some(e) = s.failed.remove(&self.ticket) {
+        if let Some(e) = s.failed.remove(&self.ticket).or_else(|| s.shut.clone()) {
             return Poll::Ready(Err(Error::Io(format!("metadata log sync: {e}"))));
         }
         let first = s.waiters.insert(self.ticket, cx.waker().clone()).is_none();
@@ -239,9 +247,9 @@ mod tests {
             let (g, written, durable, stop) = (g.clone(), written.clone(), durable.clone(), stop.clone());
             std::thread::spawn(move || {
                 loop {
-                    let upto = g.wait_for_waiters(Duration::from_secs(30));
+                    g.wait_for_waiters(Duration::from_secs(30));
                     if stop.load(Ordering::SeqCst) {
-                        g.fail_upto(upto, "stopped");
+                        g.shut_down("stopped");
                         return;
                     }
                     g.sync(|| {
@@ -263,6 +271,9 @@ mod tests {
         let e = block_on(g.durable()).unwrap_err();
         assert!(e.to_string().contains("stopped"), "{e}");
         thread.join().unwrap();
+        // With the thread gone, a future made later fails at once instead of waiting forever.
+        let e = block_on(g.durable()).unwrap_err();
+        assert!(e.to_string().contains("stopped"), "{e}");
     }
 
     /// A failed sync fails the futures waiting when it started, not later ones; a blocking

@@ -912,13 +912,13 @@ impl PutPlan {
     /// [`put_inline`](Self::put_inline) stores, without its log sync: the caller awaits
     /// `Engine::durable` before it answers. Checks and metadata reads as `whole` makes them,
     /// then `Engine::try_put_inline`. `None`, with nothing stored, whenever `whole` would do
-    /// more or could wait: the engine holds portal mirrors, an ACL of the object's own, a
-    /// versioned bucket, a directory of the key to be made, the mutation lock taken, or any
-    /// error on the way to the key's directory (`whole` then answers it as it does). Returns
-    /// the ETag.
+    /// more or could wait: the engine holds portal mirrors, content over the inline limit, an
+    /// ACL of the object's own, a versioned bucket, a directory of the key to be made, the
+    /// mutation lock taken, or any error on the way to the key's directory (`whole` then
+    /// answers it as it does). Returns the ETag.
     fn try_whole_here(&self, data: &[u8], content_md5: Option<&str>) -> Option<S3Result<String>> {
         let (e, c) = (&self.engine, &self.caller);
-        if e.holds_mirrors() {
+        if e.holds_mirrors() || data.len() as u64 > e.inline_bytes_max() {
             return None;
         }
         let md5 = Md5::digest(data);
