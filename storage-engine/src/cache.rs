@@ -66,6 +66,16 @@ struct Inner {
     ghost_order: VecDeque<Key>,
 }
 
+impl Inner {
+    /// Removes the entry of `key`, if kept, from the map, the use order and the byte count.
+    fn remove(&mut self, key: &Key) -> Option<ReadBytes> {
+        let (bytes, used) = self.map.remove(key)?;
+        self.by_use.remove(&used);
+        self.bytes -= bytes.len();
+        Some(bytes)
+    }
+}
+
 /// Times its data a shard is read before the next read fetches it whole and keeps it.
 const READS_BEFORE_KEEPING: u64 = 2;
 
@@ -177,19 +187,13 @@ impl DataCache {
             let inner = &mut *g;
             inner.tick += 1;
             let tick = inner.tick;
-            if let Some((old, used)) = inner.map.insert(key, (bytes, tick)) {
-                inner.by_use.remove(&used);
-                inner.bytes -= old.len();
-                evicted.push(old);
-            }
+            evicted.extend(inner.remove(&key));
+            inner.map.insert(key, (bytes, tick));
             inner.by_use.insert(tick, key);
             inner.bytes += n;
             while inner.bytes > self.max_bytes {
-                let Some((_, key)) = inner.by_use.pop_first() else { break };
-                if let Some((old, _)) = inner.map.remove(&key) {
-                    inner.bytes -= old.len();
-                    evicted.push(old);
-                }
+                let Some((_, &key)) = inner.by_use.first_key_value() else { break };
+                evicted.push(inner.remove(&key).expect("every key in the use order is kept"));
             }
         }
         // Buffers go back to their pool outside the lock.
@@ -201,16 +205,8 @@ impl DataCache {
     fn evict_for(&self, capacity: usize) -> Option<ReadBytes> {
         let mut g = self.inner.lock();
         let inner = &mut *g;
-        let (tick, key) = inner
-            .by_use
-            .iter()
-            .take(RECLAIM_SCAN_MAX)
-            .find(|(_, k)| inner.map.get(k).and_then(|(b, _)| b.pool_capacity()) == Some(capacity))
-            .map(|(t, k)| (*t, *k))?;
-        inner.by_use.remove(&tick);
-        let (bytes, _) = inner.map.remove(&key).expect("every key in the use order is kept");
-        inner.bytes -= bytes.len();
-        Some(bytes)
+        let key = *inner.by_use.values().take(RECLAIM_SCAN_MAX).find(|k| inner.map.get(k).and_then(|(b, _)| b.pool_capacity()) == Some(capacity))?;
+        inner.remove(&key)
     }
 
     /// Drops the entries of stripe `id`'s `shards` data shards (the stripe was freed).
@@ -218,18 +214,10 @@ impl DataCache {
         if !self.enabled() {
             return;
         }
-        let mut dropped = Vec::new();
-        {
+        let dropped: Vec<ReadBytes> = {
             let mut g = self.inner.lock();
-            let inner = &mut *g;
-            for shard in 0..shards {
-                if let Some((bytes, used)) = inner.map.remove(&(id, shard as u16)) {
-                    inner.by_use.remove(&used);
-                    inner.bytes -= bytes.len();
-                    dropped.push(bytes);
-                }
-            }
-        }
+            (0..shards).filter_map(|shard| g.remove(&(id, shard as u16))).collect()
+        };
         // Buffers go back to their pool outside the lock.
         drop(dropped);
     }

@@ -129,6 +129,30 @@ impl ReadBytes {
         assert!(range.start <= range.end && range.end <= self.len(), "slice past the bytes");
         ReadBytes { buf: self.buf.clone(), range: self.range.start + range.start..self.range.start + range.end }
     }
+
+    /// Bytes `[a, b)` of a read's pieces taken as one run (a protocol's read-ahead window): a
+    /// slice sharing the piece's buffer when one piece holds them all (READs of a shard's size
+    /// at shard boundaries, what sequential readers send), else a copy. `None` when the pieces
+    /// end before `b` (the file was shorter when it was read).
+    pub fn slice_of(pieces: &[ReadBytes], a: usize, b: usize) -> Option<ReadBytes> {
+        let mut at = 0;
+        let mut copy: Option<Vec<u8>> = None;
+        for p in pieces {
+            let (pa, pb) = (at, at + p.len());
+            at = pb;
+            if pb <= a {
+                continue;
+            }
+            if pa >= b {
+                break;
+            }
+            if pa <= a && b <= pb {
+                return Some(p.slice(a - pa..b - pa));
+            }
+            copy.get_or_insert_with(|| Vec::with_capacity(b - a)).extend_from_slice(&p[a.max(pa) - pa..b.min(pb) - pa]);
+        }
+        copy.filter(|c| c.len() == b - a).map(ReadBytes::from)
+    }
 }
 
 impl From<Vec<u8>> for ReadBytes {
@@ -1093,6 +1117,23 @@ impl DataStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A read inside one piece shares its buffer; one across pieces is a copy of the same
+    /// bytes; one past the window's end is not answered from it.
+    #[test]
+    fn reads_are_sliced_from_a_piece_or_copied_across_pieces() {
+        let whole: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let pieces: Vec<ReadBytes> = [0..1000, 1000..1024, 1024..3000].into_iter().map(|r| ReadBytes::from(whole[r].to_vec())).collect();
+        for (a, b) in [(0, 1000), (10, 20), (1000, 1024), (1024, 3000), (999, 1001), (0, 3000), (500, 2500), (2999, 3000), (5, 5)] {
+            let got = ReadBytes::slice_of(&pieces, a, b);
+            assert_eq!(got.as_deref(), Some(&whole[a..b]), "[{a}, {b})");
+        }
+        assert!(ReadBytes::slice_of(&pieces, 2000, 3001).is_none(), "past the window's end");
+        assert!(ReadBytes::slice_of(&[], 0, 1).is_none());
+        // Inside one piece: the same memory, no copy.
+        let got = ReadBytes::slice_of(&pieces, 1100, 1200).unwrap();
+        assert!(std::ptr::eq(got.as_ptr(), pieces[2][76..].as_ptr()), "a read inside a piece shares its buffer");
+    }
 
     #[test]
     fn superblock_round_trip_and_damage() {

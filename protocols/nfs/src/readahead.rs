@@ -140,7 +140,7 @@ impl Readahead {
         };
         let (start, mut rx) = rx?;
         let filled = rx.wait_for(|v| v.is_some()).await.ok()?.clone().flatten()?;
-        slice_of(&filled, (off - start) as usize, (end - start) as usize)
+        ReadBytes::slice_of(&filled, (off - start) as usize, (end - start) as usize)
     }
 }
 
@@ -160,29 +160,6 @@ fn make_room(files: &mut HashMap<Key, FileState>, keep: &Key, bytes: u64) {
     }
 }
 
-/// Bytes `[a, b)` of a window's pieces: a slice sharing the piece's buffer when one piece
-/// holds them all (READs of a shard's size at shard boundaries, what sequential readers send),
-/// else a copy. `None` when the window ends before `b` (the file was shorter when it was read).
-fn slice_of(pieces: &[ReadBytes], a: usize, b: usize) -> Option<ReadBytes> {
-    let mut at = 0;
-    let mut copy: Option<Vec<u8>> = None;
-    for p in pieces {
-        let (pa, pb) = (at, at + p.len());
-        at = pb;
-        if pb <= a {
-            continue;
-        }
-        if pa >= b {
-            break;
-        }
-        if pa <= a && b <= pb {
-            return Some(p.slice(a - pa..b - pa));
-        }
-        copy.get_or_insert_with(|| Vec::with_capacity(b - a)).extend_from_slice(&p[a.max(pa) - pa..b.min(pb) - pa]);
-    }
-    copy.filter(|c| c.len() == b - a).map(ReadBytes::from)
-}
-
 fn spawn_fill(engine: &Arc<Engine>, caller: &Caller, ino: Ino, start: u64, len: u64) -> watch::Receiver<Filled> {
     let (tx, rx) = watch::channel(None);
     let (engine, caller) = (engine.clone(), caller.clone());
@@ -200,23 +177,6 @@ mod tests {
     fn file(used: u64, windows: usize) -> FileState {
         let windows = (0..windows as u64).map(|i| Window { start: i * WINDOW_BYTES, rx: watch::channel(None).1 }).collect();
         FileState { stamp: (0, 0, 0), last_end: 0, windows, used }
-    }
-
-    /// A read inside one piece shares its buffer; one across pieces is a copy of the same
-    /// bytes; one past the window's end is not answered from it.
-    #[test]
-    fn reads_are_sliced_from_a_piece_or_copied_across_pieces() {
-        let whole: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let pieces: Vec<ReadBytes> = [0..1000, 1000..1024, 1024..3000].into_iter().map(|r| ReadBytes::from(whole[r].to_vec())).collect();
-        for (a, b) in [(0, 1000), (10, 20), (1000, 1024), (1024, 3000), (999, 1001), (0, 3000), (500, 2500), (2999, 3000), (5, 5)] {
-            let got = slice_of(&pieces, a, b);
-            assert_eq!(got.as_deref(), Some(&whole[a..b]), "[{a}, {b})");
-        }
-        assert!(slice_of(&pieces, 2000, 3001).is_none(), "past the window's end");
-        assert!(slice_of(&[], 0, 1).is_none());
-        // Inside one piece: the same memory, no copy.
-        let got = slice_of(&pieces, 1100, 1200).unwrap();
-        assert!(std::ptr::eq(got.as_ptr(), pieces[2][76..].as_ptr()), "a read inside a piece shares its buffer");
     }
 
     /// An engine on small file drives in `dir` holding one file of `size` patterned bytes:

@@ -881,7 +881,7 @@ impl PutPlan {
     /// not stored, stage it.
     fn put_inline(&self, b: &Attr, acl: &Option<Acl>, data: &[u8], etag: &str) -> S3Result<Option<()>> {
         let (e, c) = (&self.engine, &self.caller);
-        if acl.is_some() || bucket_versioning(e, b.ino).is_some() {
+        if !self.inline_allowed(b, acl) {
             return Ok(None);
         }
         let mut tries = 0;
@@ -894,6 +894,12 @@ impl PutPlan {
                 Err(e) => return Err(map_err(e, Missing::Key)),
             }
         }
+    }
+
+    /// Whether the object may be one `Engine::put_inline` command: no ACL of its own, an
+    /// unversioned bucket (the size is the engine's to judge).
+    fn inline_allowed(&self, b: &Attr, acl: &Option<Acl>) -> bool {
+        acl.is_none() && bucket_versioning(&self.engine, b.ino).is_none()
     }
 
     /// What `put_inline` stores beside the content: the ETag, metadata and tags.
@@ -921,16 +927,12 @@ impl PutPlan {
         if e.holds_mirrors() || data.len() as u64 > e.inline_bytes_max() {
             return None;
         }
-        let md5 = Md5::digest(data);
-        if let Err(x) = check_content_md5(content_md5, &md5) {
-            return Some(Err(x));
-        }
-        let etag = hex::encode(md5);
-        let (b, acl) = match self.check() {
+        let checked = checked_etag(data, content_md5).and_then(|etag| Ok((etag, self.check()?)));
+        let (etag, (b, acl)) = match checked {
             Ok(v) => v,
             Err(x) => return Some(Err(x)),
         };
-        if acl.is_some() || bucket_versioning(e, b.ino).is_some() {
+        if !self.inline_allowed(&b, &acl) {
             return None;
         }
         let (parent, name) = e.object_parent(c, b.ino, &self.key, false).ok()?;
@@ -959,9 +961,7 @@ impl PutPlan {
     /// A whole body in one go: hashed, checked against Content-MD5, staged (unless it was),
     /// written and published. Returns the ETag and the version id.
     fn whole(&self, staged: Option<(Ino, Staged, Option<Acl>)>, data: Vec<u8>, content_md5: Option<&str>) -> S3Result<(String, Option<String>)> {
-        let md5 = Md5::digest(&data);
-        check_content_md5(content_md5, &md5)?;
-        let etag = hex::encode(md5);
+        let etag = checked_etag(&data, content_md5)?;
         let (bucket_ino, staged, acl) = match staged {
             Some(s) => s,
             None => {
@@ -1089,6 +1089,13 @@ async fn write_body(engine: &Arc<Engine>, caller: &Caller, ino: Ino, received: V
     // The digest waits for the hashing thread to reach this upload's last chunks.
     let md5 = tokio::task::spawn_blocking(move || h.finalize()).await.map_err(|e| internal(format!("blocking task failed: {e}")))?;
     Ok((offset, md5))
+}
+
+/// The ETag of a body received whole (its MD5, hex), once it matches the Content-MD5 sent.
+fn checked_etag(data: &[u8], content_md5: Option<&str>) -> S3Result<String> {
+    let md5 = Md5::digest(data);
+    check_content_md5(content_md5, &md5)?;
+    Ok(hex::encode(md5))
 }
 
 fn check_content_md5(content_md5: Option<&str>, md5: &[u8; 16]) -> S3Result<()> {
@@ -2140,15 +2147,14 @@ impl S3 for AquiferS3 {
                 Received::Whole(data) if data.len() <= FOLDER_BYTES_MAX => data,
                 _ => return Err(folder_too_large()),
             };
-            let md5 = Md5::digest(&content);
-            check_content_md5(content_md5.as_deref(), &md5)?;
+            let etag = checked_etag(&content, content_md5.as_deref())?;
             let sums = check.verify(trailers.as_ref())?;
             blocking(move || {
                 let b = bucket_attr(&engine, &caller, &bucket)?;
                 put_folder(&engine, &caller, b.ino, &path, &content, &meta, &tags)
             })
             .await?;
-            return Ok(S3Response::new(put_object_output(hex::encode(md5), None, sums)));
+            return Ok(S3Response::new(put_object_output(etag, None, sums)));
         }
         let put = PutPlan {
             engine: engine.clone(),
