@@ -1,8 +1,9 @@
-//! S3 throughput of the Aquifer daemon against the loopback limit (`iperf3`) and the s3s
-//! reference server (`s3s-fs` 0.14.1), all measured in one run with one client.
+//! S3 throughput of the Aquifer daemon against the loopback limit (`iperf3`), the disk's
+//! limit (O_DIRECT writes and reads of the same volume) and the s3s reference server
+//! (`s3s-fs` 0.14.1), all measured in one run with one client.
 //!
 //! The machines this runs on are shared and noisy, so the throughput measurements run in
-//! rounds (`S3_BENCH_ROUNDS`, default 3): each round measures the loopback limit, then both
+//! rounds (`S3_BENCH_ROUNDS`, default 3): each round measures the loopback and disk limits, then both
 //! servers one after the other (the order alternating between rounds), and each ratio is taken
 //! within its round. The table gives the median of the rounds' values and of their ratios,
 //! with the ratios' range; the listing is measured once per server, after the rounds.
@@ -65,10 +66,16 @@ const FILL_STREAMS: usize = 8;
 /// How long a server may take to start listening.
 const START_TIMEOUT_MS: u64 = 60_000;
 /// Rounds of the throughput measurements (`S3_BENCH_ROUNDS`); each round measures the
-/// loopback limit and then both servers, in alternating order.
+/// loopback and disk limits and then both servers, in alternating order.
 const ROUNDS_DEFAULT: usize = 3;
 /// Seconds each iperf3 measurement runs.
 const IPERF_SECS: u32 = 3;
+/// The disk's limit: `DISK_BYTES` written, then read back, with O_DIRECT requests of
+/// `DISK_REQUEST_BYTES`, by one thread and by `DISK_THREADS` threads (a file each); the
+/// better of the two for each direction (on the VMs measured, either can be the faster).
+const DISK_BYTES: usize = 1024 * MIB;
+const DISK_THREADS: usize = 8;
+const DISK_REQUEST_BYTES: usize = 4 * MIB;
 
 // ------------------------------------------------------------------ SigV4 client
 
@@ -445,6 +452,60 @@ fn iperf3(streams: usize) -> Result<f64> {
     Ok(bps / 8.0 / MIB as f64)
 }
 
+/// What the disk under `S3_BENCH_DIR` moves with O_DIRECT, in MiB/s: (write, read), each
+/// the better of one thread and `DISK_THREADS` threads. Each thread writes a file of its own
+/// (then `fdatasync`s it) and reads it back, as the servers' data was just written when it
+/// is read; the host's caches below this VM's disk serve both alike.
+fn disk_limit() -> Result<(f64, f64)> {
+    let one = disk_rates(1)?;
+    let many = disk_rates(DISK_THREADS)?;
+    Ok((one.0.max(many.0), one.1.max(many.1)))
+}
+
+/// (write, read) MiB/s of `threads` threads moving `DISK_BYTES` in all.
+fn disk_rates(threads: usize) -> Result<(f64, f64)> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let dir = tempfile::tempdir_in(bench_dir()).context("create the disk measurement directory")?;
+    let file_bytes = DISK_BYTES / threads;
+    let run = |write: bool| -> Result<f64> {
+        let start = Instant::now();
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|t| {
+                    let path = dir.path().join(format!("disk{t}"));
+                    scope.spawn(move || -> Result<()> {
+                        // O_DIRECT needs an aligned buffer: a 4 KiB-aligned window of a larger Vec.
+                        let mut raw = vec![(t as u8).wrapping_mul(37); DISK_REQUEST_BYTES + 4096];
+                        let skip = raw.as_ptr().align_offset(4096);
+                        let buf = &mut raw[skip..skip + DISK_REQUEST_BYTES];
+                        let f = std::fs::OpenOptions::new()
+                            .read(true)
+                            .write(write)
+                            .create(write)
+                            .custom_flags(libc::O_DIRECT)
+                            .open(&path)
+                            .with_context(|| format!("open {} with O_DIRECT", path.display()))?;
+                        for off in (0..file_bytes).step_by(DISK_REQUEST_BYTES) {
+                            if write {
+                                f.write_all_at(buf, off as u64)?;
+                            } else {
+                                f.read_exact_at(buf, off as u64)?;
+                            }
+                        }
+                        if write {
+                            f.sync_data()?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            workers.into_iter().try_for_each(|w| w.join().map_err(|_| anyhow::anyhow!("disk thread panicked"))?)
+        })?;
+        Ok((DISK_BYTES / MIB) as f64 / start.elapsed().as_secs_f64())
+    };
+    Ok((run(true)?, run(false)?))
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
@@ -454,6 +515,16 @@ fn median(v: &[f64]) -> f64 {
 
 fn fmt_value(v: f64) -> String {
     if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.2}") }
+}
+
+/// One round: the loopback limit with 1 and 8 streams, the disk's (write, read), and both
+/// servers' rows.
+struct Round {
+    tcp1: f64,
+    tcp8: f64,
+    disk: (f64, f64),
+    aquifer: Rows,
+    s3s: Rows,
 }
 
 fn main() -> Result<()> {
@@ -469,12 +540,17 @@ fn main() -> Result<()> {
         ca.put("/bench", Bytes::new()).await?;
         cs.put("/bench", Bytes::new()).await
     })?;
-    // rounds of (loopback 1 stream, loopback 8 streams, Aquifer's rows, s3s-fs's rows)
-    let mut measured: Vec<(f64, f64, Rows, Rows)> = Vec::new();
+    let mut measured: Vec<Round> = Vec::new();
     for round in 0..rounds {
         let tcp1 = iperf3(1)?;
         let tcp8 = iperf3(8)?;
-        eprintln!("round {}: loopback TCP (iperf3) {tcp1:.0} MiB/s with 1 stream, {tcp8:.0} MiB/s with 8", round + 1);
+        let disk = disk_limit()?;
+        eprintln!(
+            "round {}: loopback TCP (iperf3) {tcp1:.0} MiB/s with 1 stream, {tcp8:.0} MiB/s with 8; disk (O_DIRECT) write {:.0}, read {:.0} MiB/s",
+            round + 1,
+            disk.0,
+            disk.1
+        );
         // The order alternates, so that neither server always runs first after iperf3.
         let (a, s) = if round % 2 == 0 {
             let a = rt.block_on(measure_round(&ca, round))?;
@@ -486,7 +562,7 @@ fn main() -> Result<()> {
         for ((label, av), (_, sv)) in a.iter().zip(&s) {
             eprintln!("round {}: {label}: Aquifer {} s3s-fs {} ({:.2}×)", round + 1, fmt_value(*av), fmt_value(*sv), av / sv);
         }
-        measured.push((tcp1, tcp8, a, s));
+        measured.push(Round { tcp1, tcp8, disk, aquifer: a, s3s: s });
     }
     let (al, a_stopped) = rt.block_on(measure_list(&aquifer, keys))?;
     let (sl, s_stopped) = rt.block_on(measure_list(&s3s, keys))?;
@@ -494,31 +570,58 @@ fn main() -> Result<()> {
     drop(s3s);
 
     println!("Medians of {rounds} round{}; each ratio is the median of the rounds' own ratios, with their range.", plural(rounds));
+    println!(
+        "Disk: {} MiB written, then read back, with O_DIRECT {} MiB requests, the better of 1 and {DISK_THREADS} threads (PUT rows: write; first-read GET rows: read).",
+        DISK_BYTES / MIB,
+        DISK_REQUEST_BYTES / MIB
+    );
     println!();
-    println!("| measurement | Aquifer | s3s-fs 0.14.1 | Aquifer / s3s-fs | (rounds) | loopback TCP (iperf3) | Aquifer / TCP | (rounds) |");
-    println!("|---|--:|--:|--:|--:|--:|--:|--:|");
+    println!(
+        "| measurement | Aquifer | s3s-fs 0.14.1 | Aquifer / s3s-fs | (rounds) | loopback TCP (iperf3) | Aquifer / TCP | (rounds) | disk (O_DIRECT) | Aquifer / disk | (rounds) |"
+    );
+    println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     let range = |v: &[f64]| {
         let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         format!("{lo:.2}–{hi:.2}×")
     };
-    for (row, (label, _)) in measured[0].2.iter().enumerate() {
-        let av: Vec<f64> = measured.iter().map(|m| m.2[row].1).collect();
-        let sv: Vec<f64> = measured.iter().map(|m| m.3[row].1).collect();
+    // (limit column, median ratio, range) of `av` against one limit value per round.
+    let against = |av: &[f64], limit: &[f64]| {
+        let ratios: Vec<f64> = av.iter().zip(limit).map(|(a, l)| a / l).collect();
+        (fmt_value(median(limit)), format!("{:.2}×", median(&ratios)), range(&ratios))
+    };
+    let blank = || (String::new(), String::new(), String::new());
+    for (row, (label, _)) in measured[0].aquifer.iter().enumerate() {
+        let av: Vec<f64> = measured.iter().map(|m| m.aquifer[row].1).collect();
+        let sv: Vec<f64> = measured.iter().map(|m| m.s3s[row].1).collect();
         let ratios: Vec<f64> = av.iter().zip(&sv).map(|(a, s)| a / s).collect();
-        let (tcp_col, tcp_ratio, tcp_range) = if label.contains("64 MiB") {
-            let tcp: Vec<f64> = measured.iter().map(|m| if label.contains("1 stream ") { m.0 } else { m.1 }).collect();
-            let to_tcp: Vec<f64> = av.iter().zip(&tcp).map(|(a, t)| a / t).collect();
-            (fmt_value(median(&tcp)), format!("{:.2}×", median(&to_tcp)), range(&to_tcp))
+        let large = label.contains("64 MiB");
+        let tcp = if large {
+            let tcp: Vec<f64> = measured.iter().map(|m| if label.contains("1 stream ") { m.tcp1 } else { m.tcp8 }).collect();
+            against(&av, &tcp)
         } else {
-            (String::new(), String::new(), String::new())
+            blank()
+        };
+        // Data read again comes from memory, not the disk.
+        let disk = if large && label.starts_with("PUT") {
+            against(&av, &measured.iter().map(|m| m.disk.0).collect::<Vec<_>>())
+        } else if large && !label.contains("again") {
+            against(&av, &measured.iter().map(|m| m.disk.1).collect::<Vec<_>>())
+        } else {
+            blank()
         };
         println!(
-            "| {label} | {} | {} | {:.2}× | {} | {tcp_col} | {tcp_ratio} | {tcp_range} |",
+            "| {label} | {} | {} | {:.2}× | {} | {} | {} | {} | {} | {} | {} |",
             fmt_value(median(&av)),
             fmt_value(median(&sv)),
             median(&ratios),
-            range(&ratios)
+            range(&ratios),
+            tcp.0,
+            tcp.1,
+            tcp.2,
+            disk.0,
+            disk.1,
+            disk.2
         );
     }
     let list_value = |v: f64, stopped: bool| if stopped { format!("> {}", fmt_value(v)) } else { fmt_value(v) };
@@ -528,7 +631,7 @@ fn main() -> Result<()> {
         _ => "n/a".to_string(),
     };
     println!(
-        "| ListObjectsV2 of {keys} keys, {LIST_PAGE_KEYS} a page (s, once) | {} | {} | {list_ratio} | | | | |",
+        "| ListObjectsV2 of {keys} keys, {LIST_PAGE_KEYS} a page (s, once) | {} | {} | {list_ratio} | | | | | | | |",
         list_value(al, a_stopped),
         list_value(sl, s_stopped)
     );
