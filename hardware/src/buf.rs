@@ -83,10 +83,10 @@ impl AlignedBuf {
         if len == 0 {
             return Self::zeroed(0);
         }
-        if len >= big::BYTES_MIN {
-            if let Some((ptr, capacity)) = big::take(len, reclaim) {
-                return Self { ptr, len, capacity, filled: false, big: true, owner: None };
-            }
+        if len >= big::BYTES_MIN
+            && let Some((ptr, capacity)) = big::take(len, reclaim)
+        {
+            return Self { ptr, len, capacity, filled: false, big: true, owner: None };
         }
         let layout = Self::layout(len);
         // SAFETY: layout has a non-zero size.

@@ -337,7 +337,7 @@ impl Allocator {
     /// Next-fit: keeps consecutive stripes near each other, so sequential files stay sequential
     /// on every drive.
     pub fn alloc(&mut self, len: u64) -> Option<u64> {
-        debug_assert!(len > 0 && len % BLOCK_BYTES as u64 == 0);
+        debug_assert!(len > 0 && len.is_multiple_of(BLOCK_BYTES as u64));
         let pick = self
             .free
             .range(self.cursor..)
@@ -373,7 +373,7 @@ impl Allocator {
     }
 
     pub fn release(&mut self, off: u64, len: u64) {
-        debug_assert!(off >= DATA_AREA_OFFSET && len % BLOCK_BYTES as u64 == 0);
+        debug_assert!(off >= DATA_AREA_OFFSET && len.is_multiple_of(BLOCK_BYTES as u64));
         assert!(self.used >= len, "release of more than is allocated");
         self.used -= len;
         let (mut start, mut total) = (off, len);
