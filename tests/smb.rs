@@ -77,6 +77,30 @@ fn put_get_round_trip(d: &Daemon, encrypt: bool, work: &Path) {
     assert_eq!(rest_get(d, tag).status(), 404, "{tag}: rmdir removed it");
 }
 
+#[test]
+fn a_full_pool_is_disk_full_to_smb_clients_and_a_delete_gives_the_space_back() {
+    // WRITEs are acknowledged from the write buffer; when the write-out behind them finds
+    // the pool full, the client must hear STATUS_DISK_FULL (from a later WRITE or from the
+    // CLOSE), not an unexpected I/O error and not a CLOSE that reports success.
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&dir.path().join("data"), &["--drive-size", "32MiB"]);
+    let big = dir.path().join("big.bin");
+    std::fs::write(&big, bytes(3, 160 << 20)).unwrap();
+    let small = dir.path().join("small.bin");
+    let data = bytes(4, 6 << 20);
+    std::fs::write(&small, &data).unwrap();
+    let t = text(&smbclient(&d, "aquifer", "admin", ADMIN_PASSWORD, false, &format!("put {} big.bin", big.display())));
+    assert!(t.contains("NT_STATUS_DISK_FULL") && !t.contains("NT_STATUS_UNEXPECTED_IO_ERROR"), "160 MiB into 128: {t}");
+    // The pool is full: a small file's bytes cannot be kept either, and the client is told.
+    let t = text(&smbclient(&d, "aquifer", "admin", ADMIN_PASSWORD, false, &format!("put {} small.bin", small.display())));
+    assert!(t.contains("NT_STATUS_DISK_FULL"), "6 MiB into a full pool: {t}");
+    // Deleting gives the space back at once: the next put is kept, bit-exact.
+    smb_ok(&d, "aquifer", false, "rm big.bin; rm small.bin");
+    let back = dir.path().join("small.back");
+    smb_ok(&d, "aquifer", false, &format!("put {} small.bin; get small.bin {}", small.display(), back.display()));
+    assert!(std::fs::read(&back).unwrap() == data, "the put after the delete is kept");
+}
+
 /// Creates an account through the REST API as the admin.
 fn create_user(d: &Daemon, name: &str, password: &str) {
     let r = d

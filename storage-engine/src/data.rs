@@ -711,6 +711,11 @@ impl DataStore {
         }
     }
 
+    /// Whether freed blocks wait for a metadata sync before they can be allocated again.
+    pub fn frees_pending(&self) -> bool {
+        !self.pending_free.lock().1.is_empty()
+    }
+
     /// A mark taken before a metadata sync: the sync covers every free queued before it.
     pub fn pending_mark(&self) -> u64 {
         self.pending_free.lock().0

@@ -2231,9 +2231,9 @@ impl Engine {
                 // A flush emptied and dropped this buffer after we looked it up.
                 continue;
             }
-            if let Some(msg) = &b.flush_error {
+            if let Some(e) = &b.flush_error {
                 // Kept for the next flush (commit, close), which must report it too.
-                return Err(Error::Io(format!("an earlier write-out of this file failed: {msg}")));
+                return Err(earlier_write_out(e));
             }
             let after = b.bytes() + len;
             // Without waiting: no flush by this writer (no flush threads), and never as much as
@@ -2334,7 +2334,16 @@ impl Engine {
         let size = b.size;
         b.set_in_flight(&segs);
         fb.room.notify_all();
-        let res = parking_lot::MutexGuard::unlocked(b, || self.write_segments(ino, &segs, size, durable, &fb.commit));
+        let res = parking_lot::MutexGuard::unlocked(b, || match self.write_segments(ino, &segs, size, durable, &fb.commit) {
+            // Blocks freed by deletes become allocatable once their metadata is durable: with
+            // the pool full and such frees waiting, the log is synced now (releasing them) and
+            // the write tried once more, so space a delete just gave back is there to write.
+            Err(Error::NoSpace(_)) if self.data.frees_pending() => {
+                self.sync_metadata()?;
+                self.write_segments(ino, &segs, size, durable, &fb.commit)
+            }
+            res => res,
+        });
         b.clear_in_flight();
         if res.is_err() {
             self.forget_failed(ino, b);
@@ -2358,7 +2367,7 @@ impl Engine {
             let segs = self.take_for_flush(ino, &mut b);
             if let Err(e) = self.write_taken(ino, &fb, &mut b, segs, false) {
                 tracing::error!(ino, "background write-out: {e}");
-                b.flush_error = Some(e.to_string());
+                b.flush_error = Some(e);
             }
             fb.room.notify_all();
         }
@@ -2387,7 +2396,7 @@ impl Engine {
             self.write_taken(ino, &fb, &mut b, segs, durable)
         };
         let res = match earlier {
-            Some(msg) => Err(Error::Io(format!("an earlier write-out of this file failed: {msg}"))),
+            Some(e) => Err(earlier_write_out(&e)),
             None => res,
         };
         if res.is_ok() && b.is_empty() {
@@ -2821,6 +2830,20 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.jobs.stop_all();
+    }
+}
+
+/// What a write or flush reports when an earlier background write-out of the file failed
+/// with `e`: an error of the same kind where the client can act on it (a full pool, a
+/// read-only one, data unavailable), so that NFS, SMB and SFTP clients see "no space" rather
+/// than a bare I/O error when the pool filled under unstable writes; an I/O error otherwise.
+fn earlier_write_out(e: &Error) -> Error {
+    let msg = format!("an earlier write-out of this file failed: {e}");
+    match e {
+        Error::NoSpace(_) => Error::NoSpace(msg),
+        Error::ReadOnly(_) => Error::ReadOnly(msg),
+        Error::Unavailable(_) => Error::Unavailable(msg),
+        _ => Error::Io(msg),
     }
 }
 

@@ -98,8 +98,9 @@ pub(crate) struct WriteBuffer {
     /// A background flush of this file is queued or running.
     pub flush_pending: bool,
     /// Why a background flush failed; reported by the next flush (commit, close, fsync),
-    /// which is where the writer learns whether its unstable bytes were kept.
-    pub flush_error: Option<String>,
+    /// which is where the writer learns whether its unstable bytes were kept, and by writes
+    /// until then (`Engine`'s `earlier_write_out`).
+    pub flush_error: Option<crate::Error>,
     /// File size including buffered bytes.
     pub size: u64,
     pub mtime_ns: i64,

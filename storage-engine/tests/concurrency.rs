@@ -290,3 +290,37 @@ fn shared_buffer_writes_land_like_ordinary_writes() {
     let got = e.read(&root(), ino, 0, want.len()).unwrap();
     assert!(got == want, "bytes differ after a restart");
 }
+
+#[test]
+fn a_pool_filled_by_a_background_write_out_reports_no_space() {
+    // Unstable writes are acknowledged from the write buffer; when the write-out behind them
+    // finds the pool full, the writer's next write or its close must say "no space" (SMB's
+    // STATUS_DISK_FULL, NFS3ERR_NOSPC, ENOSPC), not a bare I/O error, and deleting the file
+    // gives the space back.
+    let dir = tempfile::tempdir().unwrap();
+    let e = with_flush_threads(dir.path(), 1);
+    let c = root();
+    let f = e.create(&c, ROOT_INO, b"big", 0o644, true).unwrap();
+    let piece = bytes(8, 128 * 1024);
+    let mut failure = None;
+    for i in 0..(256 << 20) / piece.len() {
+        if let Err(err) = e.write(&c, f.ino, (i * piece.len()) as u64, &piece, Stability::Unstable) {
+            failure = Some(err);
+            break;
+        }
+    }
+    let failure = match failure {
+        Some(err) => err,
+        None => e.close(&c, f.ino).expect_err("256 MiB does not fit in a pool of 128 MiB"),
+    };
+    assert!(matches!(failure, Error::NoSpace(_)), "the write-out's failure keeps its kind: {failure:?}");
+    // The close after it reports no space too, or nothing when the failure was already told.
+    if let Err(err) = e.close(&c, f.ino) {
+        assert!(matches!(err, Error::NoSpace(_)), "{err:?}");
+    }
+    e.unlink(&c, ROOT_INO, b"big").unwrap();
+    let g = e.create(&c, ROOT_INO, b"after", 0o644, true).unwrap();
+    let data = bytes(9, 1 << 20);
+    e.write(&c, g.ino, 0, &data, Stability::Durable).unwrap();
+    assert!(e.read(&c, g.ino, 0, data.len()).unwrap() == data);
+}

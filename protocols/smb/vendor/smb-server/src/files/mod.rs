@@ -119,6 +119,19 @@ impl Drop for OpenSlot {
 /// With `want_attrs`, returns the file's attributes as they were before the
 /// handle closed. Waits for requests still using the open.
 pub(crate) async fn close_open(open_arc: &Arc<RwLock<Open>>, want_attrs: bool) -> Option<FileInfo> {
+    close_open_checked(open_arc, want_attrs).await.0
+}
+
+/// [`close_open`] that also returns how the backend's close went.
+/// Aquifer patch: a backend that acknowledged WRITEs before storing them
+/// reports a failure to store them when the handle closes; the CLOSE
+/// request answers with it (the open is closed either way), so the client
+/// learns that bytes it wrote were not kept. Every other way an open ends
+/// only logs it, as before.
+pub(crate) async fn close_open_checked(
+    open_arc: &Arc<RwLock<Open>>,
+    want_attrs: bool,
+) -> (Option<FileInfo>, Result<(), crate::error::SmbError>) {
     let mut open = open_arc.write().await;
     // Requests waiting on the watch end with STATUS_NOTIFY_CLEANUP before
     // the close reports anything (MS-SMB2 3.3.5.10). CLOSE takes the watch
@@ -126,7 +139,9 @@ pub(crate) async fn close_open(open_arc: &Arc<RwLock<Open>>, want_attrs: bool) -
     drop(open.watch.take());
     let closing = Closing::announce(&open, true);
     restore_fixed_times(&open).await;
-    let handle = open.handle.take()?;
+    let Some(handle) = open.handle.take() else {
+        return (None, Ok(()));
+    };
     let info = if want_attrs {
         handle.stat().await.ok()
     } else {
@@ -137,8 +152,8 @@ pub(crate) async fn close_open(open_arc: &Arc<RwLock<Open>>, want_attrs: bool) -
     let delete_on_close = open.delete_on_close;
     let is_directory = open.is_directory;
     drop(open);
-    finish_close(handle, file, delete_on_close, is_directory, closing).await;
-    info
+    let closed = finish_close(handle, file, delete_on_close, is_directory, closing).await;
+    (info, closed)
 }
 
 /// Closes the backend handle of an open and takes the open out of its
@@ -148,14 +163,14 @@ pub(crate) async fn close_open(open_arc: &Arc<RwLock<Open>>, want_attrs: bool) -
 /// wrote and leaves the file in place reports the new contents to the
 /// share's watchers, once. A directory this leaves delete-pending, open
 /// elsewhere, ends its watches with STATUS_DELETE_PENDING. Every path that
-/// ends an open goes through here.
+/// ends an open goes through here. Returns the backend close's result.
 pub(crate) async fn finish_close(
     handle: Box<dyn Handle>,
     file: Option<FileRef>,
     delete_on_close: bool,
     is_directory: bool,
     closing: Closing,
-) {
+) -> Result<(), crate::error::SmbError> {
     let wrote = closing == Closing::Wrote;
     let share = file.as_ref().map(|f| Arc::clone(f.share()));
     // A directory is checked for entries and marked with no CREATE or
@@ -168,12 +183,13 @@ pub(crate) async fn finish_close(
         delete_on_close && (!is_directory || handle.dir_is_empty().await.unwrap_or(false));
     // Aquifer patch: the deletion below runs as the handle's opener.
     let opener = handle.opened_by().or_else(crate::request_identity);
-    if let Err(e) = handle.close().await {
+    let closed = handle.close().await;
+    if let Err(e) = &closed {
         let path = file.as_ref().map(FileRef::path).unwrap_or_default();
         debug!(error = %e, path = %path, "backend close failed");
     }
     let (Some(file), Some(share)) = (file, &share) else {
-        return;
+        return closed;
     };
     // A directory that stays delete-pending, open elsewhere, ends its
     // watches under each of its names, as FileDispositionInformation would.
@@ -214,6 +230,7 @@ pub(crate) async fn finish_close(
             }
         }
     }
+    closed
 }
 
 /// Closes every open in `opens`, each on its own task, so one that waits

@@ -8,7 +8,7 @@ use crate::proto::messages::{CloseRequest, CloseResponse, FileId};
 use crate::conn::pending::Stop;
 use crate::conn::state::Connection;
 use crate::dispatch::HandlerResponse;
-use crate::files::{WatchReg, close_open};
+use crate::files::{WatchReg, close_open_checked};
 use crate::handlers::shared::lookup_session_tree;
 use crate::ntstatus;
 use crate::server::ServerState;
@@ -53,7 +53,13 @@ pub async fn handle(
     };
 
     let want_attrs = req.flags & FLAG_POSTQUERY_ATTRIB != 0;
-    let info = close_open(&open_arc, want_attrs).await;
+    let (info, closed) = close_open_checked(&open_arc, want_attrs).await;
+    if let Err(e) = closed {
+        // Aquifer patch: the open is closed, but what it wrote was not kept.
+        let mut response = HandlerResponse::err(e.to_nt_status());
+        response.after_send.push(Box::new(ended));
+        return response;
+    }
 
     // MS-SMB2 3.3.5.10: without the attributes, Flags and every attribute
     // field are 0.
