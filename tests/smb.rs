@@ -91,12 +91,27 @@ fn a_full_pool_is_disk_full_to_smb_clients_and_a_delete_gives_the_space_back() {
     std::fs::write(&small, &data).unwrap();
     let t = text(&smbclient(&d, "aquifer", "admin", ADMIN_PASSWORD, false, &format!("put {} big.bin", big.display())));
     assert!(t.contains("NT_STATUS_DISK_FULL") && !t.contains("NT_STATUS_UNEXPECTED_IO_ERROR"), "160 MiB into 128: {t}");
-    // The pool is full: a small file's bytes cannot be kept either, and the client is told.
-    let t = text(&smbclient(&d, "aquifer", "admin", ADMIN_PASSWORD, false, &format!("put {} small.bin", small.display())));
-    assert!(t.contains("NT_STATUS_DISK_FULL"), "6 MiB into a full pool: {t}");
-    // Deleting gives the space back at once: the next put is kept, bit-exact.
-    smb_ok(&d, "aquifer", false, "rm big.bin; rm small.bin");
+    // Small puts until the pool is full (the failed write-out gave back what it had
+    // allocated): 6 MiB fits in the write buffer, so a put whose bytes cannot be kept learns
+    // it at the latest from its CLOSE. Every put told success kept its bytes.
+    let mut full_at = None;
+    for i in 0..30 {
+        let t = text(&smbclient(&d, "aquifer", "admin", ADMIN_PASSWORD, false, &format!("put {} small{i}.bin", small.display())));
+        assert!(!t.contains("NT_STATUS_UNEXPECTED_IO_ERROR"), "6 MiB put {i}: {t}");
+        if t.contains("NT_STATUS_DISK_FULL") {
+            full_at = Some(i);
+            break;
+        }
+    }
+    let full_at = full_at.expect("180 MiB of puts into a full 128 MiB pool end in STATUS_DISK_FULL");
     let back = dir.path().join("small.back");
+    for i in 0..full_at {
+        smb_ok(&d, "aquifer", false, &format!("get small{i}.bin {}", back.display()));
+        assert!(std::fs::read(&back).unwrap() == data, "put {i} was told success and kept its bytes");
+    }
+    // Deleting gives the space back at once: the next put is kept, bit-exact.
+    let rm: Vec<String> = (0..=full_at).map(|i| format!("rm small{i}.bin")).collect();
+    smb_ok(&d, "aquifer", false, &format!("rm big.bin; {}", rm.join("; ")));
     smb_ok(&d, "aquifer", false, &format!("put {} small.bin; get small.bin {}", small.display(), back.display()));
     assert!(std::fs::read(&back).unwrap() == data, "the put after the delete is kept");
 }
