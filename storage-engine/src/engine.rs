@@ -2331,7 +2331,11 @@ impl Engine {
     /// buffer meanwhile: writers go on adding to it and readers see the taken bytes as in
     /// flight. The caller holds the file's flush lock.
     fn write_taken(&self, ino: Ino, fb: &FileBuf, b: &mut parking_lot::MutexGuard<'_, WriteBuffer>, segs: Vec<Segment>, durable: bool) -> Result<()> {
-        let size = b.size;
+        // The size these segments reach, not the buffer's: bytes still buffered (or in a later
+        // write-out that fails) must not become part of the committed size before they are
+        // written, or a failed write-out would leave the file ending in zeros nobody wrote.
+        // The buffer's size covers every write (`overlay_attr`) until it is committed or lost.
+        let size = segs.iter().map(|(o, d)| o + d.len() as u64).max().unwrap_or(0);
         b.set_in_flight(&segs);
         fb.room.notify_all();
         let res = parking_lot::MutexGuard::unlocked(b, || match self.write_segments(ino, &segs, size, durable, &fb.commit) {

@@ -324,3 +324,47 @@ fn a_pool_filled_by_a_background_write_out_reports_no_space() {
     e.write(&c, g.ino, 0, &data, Stability::Durable).unwrap();
     assert!(e.read(&c, g.ino, 0, data.len()).unwrap() == data);
 }
+
+#[test]
+fn a_write_out_that_fails_leaves_the_size_at_what_was_kept() {
+    // A write-out commits whole stripes and leaves a partial tail buffered. The size it
+    // commits is the end of its own bytes: when the tail's write-out then finds the pool
+    // full, the file must not end in zeros standing for bytes that were never kept.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.write_flush_threads = 0;
+    cfg.write_buffer_bytes_max = 64 * 1024; // one stripe (4 × 16 KiB)
+    let e = Engine::open(cfg).unwrap();
+    let c = root();
+    let stripe = vec![7u8; 64 * 1024];
+    // One stripe to give back later, then stripes until the pool is full.
+    let spare = e.create(&c, ROOT_INO, b"spare", 0o644, true).unwrap();
+    e.write(&c, spare.ino, 0, &stripe, Stability::Durable).unwrap();
+    let fill = e.create(&c, ROOT_INO, b"fill", 0o644, true).unwrap();
+    let mut filled = 0u64;
+    loop {
+        match e.write(&c, fill.ino, filled, &stripe, Stability::Durable) {
+            Ok(_) => filled += stripe.len() as u64,
+            Err(Error::NoSpace(_)) => break,
+            Err(err) => panic!("filling the pool: {err:?}"),
+        }
+        assert!(filled < 256 << 20, "a pool of 128 MiB filled");
+    }
+    e.close(&c, fill.ino).ok();
+    e.unlink(&c, ROOT_INO, b"spare").unwrap();
+    e.sync_metadata().unwrap();
+    // Room for exactly one stripe: a stripe and a half, buffered, write out the stripe and
+    // keep the half; closing cannot keep the half.
+    let f = e.create(&c, ROOT_INO, b"f", 0o644, true).unwrap();
+    let data = bytes(11, 96 * 1024);
+    e.write(&c, f.ino, 0, &data, Stability::Unstable).unwrap();
+    let closed = e.close(&c, f.ino);
+    assert!(matches!(closed, Err(Error::NoSpace(_))), "the half stripe finds the pool full: {closed:?}");
+    let size = e.getattr(&c, f.ino).unwrap().size;
+    assert_eq!(size, 64 * 1024, "the size is what was kept");
+    assert!(e.read(&c, f.ino, 0, 96 * 1024).unwrap() == data[..64 * 1024], "the kept stripe reads back");
+    // The file takes writes again once there is room.
+    e.unlink(&c, ROOT_INO, b"fill").unwrap();
+    e.write(&c, f.ino, 64 * 1024, &data[64 * 1024..], Stability::Durable).unwrap();
+    assert!(e.read(&c, f.ino, 0, 96 * 1024).unwrap() == data);
+}
