@@ -160,30 +160,26 @@ impl WriteBuffer {
             return;
         }
         let end = off + data.len() as u64;
-        // Fast path for sequential writers: append to the segment ending exactly here, and
-        // past `chunk` bytes start the next one.
+        // Fast path for sequential writers: append to the segment ending exactly here. A
+        // write that fills the gap up to the next segment (WRITEs of one stream handled out
+        // of order) appends too, and the next segment's bytes follow it, once, instead of
+        // everything touched being copied into a fresh zeroed buffer.
         let prev = self.segs.range(..off).next_back().map(|(o, d)| (*o, *o + d.len() as u64, matches!(d, Seg::Filling(_))));
-        if let Some((o, prev_end, filling)) = prev {
-            if prev_end == off && filling && !self.segs_after_touch(off, end) {
-                let chunk = if self.chunk == 0 { usize::MAX } else { self.chunk };
-                let Some(Seg::Filling(seg)) = self.segs.get_mut(&o) else { unreachable!("a filling segment was found above") };
-                let n = chunk.saturating_sub(seg.len()).min(data.len());
-                if n > 0 && seg.room() - seg.len() < n {
-                    seg.grow_to(grown_room(seg.len() + n, self.chunk));
-                }
-                seg.extend_from_slice(&data[..n]);
-                let mut at = off + n as u64;
-                for piece in data[n..].chunks(chunk) {
-                    let mut d = FillBuf::with_room(chunk);
-                    d.extend_from_slice(piece);
-                    self.segs.insert(at, Seg::Filling(d));
-                    at += piece.len() as u64;
-                }
-                self.bytes += data.len();
-                self.size = self.size.max(end);
-                self.mtime_ns = self.mtime_ns.max(now);
-                return;
+        if let Some((o, prev_end, true)) = prev
+            && prev_end == off
+            && self.segs.range(off..end).next().is_none()
+        {
+            let mut last = self.append(o, off, data);
+            let mut at = end;
+            while let Some(Seg::Filling(_)) = self.segs.get(&at) {
+                let Some(next) = self.segs.remove(&at) else { unreachable!("the segment was found above") };
+                self.bytes -= next.len();
+                last = self.append(last, at, next.bytes());
+                at += next.len() as u64;
             }
+            self.size = self.size.max(end);
+            self.mtime_ns = self.mtime_ns.max(now);
+            return;
         }
         let mut start = off;
         let mut stop = end;
@@ -205,7 +201,17 @@ impl WriteBuffer {
             stop = stop.max(o + d.len() as u64);
             merged.push((o, d));
         }
-        let mut buf = FillBuf::zeroed((stop - start) as usize, (stop - start) as usize);
+        let mut buf = if merged.is_empty() {
+            // Nothing to merge (the first write of a segment, or one ahead of the writes
+            // before it): the write's bytes are all it holds; a large one gets a chunk's room,
+            // as the fast path's segments have, a small one only its own.
+            let large = self.chunk != 0 && data.len() >= self.chunk / 16;
+            let mut b = FillBuf::with_room(if large { self.chunk.max(data.len()) } else { data.len() });
+            b.extend_from_slice(data);
+            b
+        } else {
+            FillBuf::zeroed((stop - start) as usize, (stop - start) as usize)
+        };
         for (o, d) in merged {
             buf[(o - start) as usize..(o - start) as usize + d.len()].copy_from_slice(d.bytes());
         }
@@ -234,9 +240,28 @@ impl WriteBuffer {
         self.mtime_ns = self.mtime_ns.max(now);
     }
 
-    /// Whether any segment starts within [off, end].
-    fn segs_after_touch(&self, off: u64, end: u64) -> bool {
-        self.segs.range(off..=end).next().is_some()
+    /// Appends `data` at `off` to the filling segment at `o`, which ends at `off`: up to
+    /// `chunk` bytes in it, the rest in new chunk-sized segments after it. Returns the offset
+    /// of the segment now ending where `data` ends.
+    fn append(&mut self, o: u64, off: u64, data: &[u8]) -> u64 {
+        let chunk = if self.chunk == 0 { usize::MAX } else { self.chunk };
+        let Some(Seg::Filling(seg)) = self.segs.get_mut(&o) else { unreachable!("appending to a filling segment") };
+        let n = chunk.saturating_sub(seg.len()).min(data.len());
+        if n > 0 && seg.room() - seg.len() < n {
+            seg.grow_to(grown_room(seg.len() + n, self.chunk));
+        }
+        seg.extend_from_slice(&data[..n]);
+        let mut last = o;
+        let mut at = off + n as u64;
+        for piece in data[n..].chunks(chunk) {
+            let mut d = FillBuf::with_room(chunk);
+            d.extend_from_slice(piece);
+            self.segs.insert(at, Seg::Filling(d));
+            last = at;
+            at += piece.len() as u64;
+        }
+        self.bytes += data.len();
+        last
     }
 
     /// Copies buffered bytes over `out`, which holds the file's bytes at `off`: first those
@@ -361,6 +386,43 @@ mod tests {
         b.insert(0, b"01234567", 1);
         b.insert(2, b"xxxx", 2);
         assert_eq!(plain(b.take_all()), vec![(0, b"01xxxx67".to_vec())]);
+    }
+
+    #[test]
+    fn writes_handled_out_of_order_join_the_segment_before_them() {
+        // A stream's WRITEs may be added out of order: the one that fills the gap appends
+        // to the segment before it and the segments after it follow, so the chunks come
+        // out whole as if the writes had been in order.
+        let mut b = WriteBuffer::with_chunk(0, 8);
+        b.insert(0, b"ab", 1);
+        b.insert(6, b"ghij", 1); // ahead of the gap
+        b.insert(10, b"kl", 1); // appends to the segment ahead
+        b.insert(14, b"op", 1); // ahead again
+        b.insert(2, b"cdef", 1); // fills the first gap: "ghijkl" follows
+        assert_eq!(b.bytes(), 14);
+        b.insert(12, b"mn", 1); // fills the second: "op" follows
+        assert_eq!(b.bytes(), 16);
+        assert_eq!(b.size, 16);
+        let mut out = vec![b'.'; 17];
+        b.overlay(0, &mut out);
+        assert_eq!(&out, b"abcdefghijklmnop.");
+        assert_eq!(plain(b.take_full(8)), vec![(0, b"abcdefgh".to_vec()), (8, b"ijklmnop".to_vec())]);
+        assert!(b.is_empty());
+        // A handed-over buffer after the gap stays as it is.
+        let mut b = WriteBuffer::with_chunk(0, 8);
+        let kept = shared(b"4567");
+        b.insert(0, b"01", 1);
+        b.insert_shared(4, kept.clone(), 1);
+        b.insert(2, b"23", 1);
+        let all = b.take_all();
+        assert!(Arc::ptr_eq(&all[1].1, &kept));
+        assert_eq!(plain(all), vec![(0, b"0123".to_vec()), (4, b"4567".to_vec())]);
+        // A write overlapping the segment after the gap is merged the ordinary way.
+        let mut b = WriteBuffer::with_chunk(0, 8);
+        b.insert(0, b"01", 1);
+        b.insert(4, b"4567", 1);
+        b.insert(2, b"XXX", 2);
+        assert_eq!(plain(b.take_all()), vec![(0, b"01XXX567".to_vec())]);
     }
 
     #[test]
