@@ -427,6 +427,8 @@ pub(crate) struct DataStore {
     /// allocatable only after the next metadata sync: otherwise a power loss could roll the
     /// metadata back to a stripe whose blocks had already been overwritten.
     pending_free: Mutex<(u64, std::collections::VecDeque<(u64, u32, u32, u64, u64)>)>,
+    /// Counts releases of pending frees into the allocators (see [`free_epoch`](Self::free_epoch)).
+    frees_released: AtomicU64,
     /// Consecutive I/O errors after which a drive is taken offline.
     pub drive_errors_max: u64,
     /// Bit i: drive i has writes that were not fdatasynced yet.
@@ -450,6 +452,7 @@ impl DataStore {
             alloc: Mutex::new(alloc),
             pools,
             pending_free: Mutex::new((0, std::collections::VecDeque::new())),
+            frees_released: AtomicU64::new(0),
             drive_errors_max: 16,
             dirty: AtomicU64::new(0),
             drive_sync: Default::default(),
@@ -716,6 +719,16 @@ impl DataStore {
         !self.pending_free.lock().1.is_empty()
     }
 
+    /// Changes each time pending frees become allocatable. An allocation that failed may
+    /// succeed when tried again if frees were pending then ([`frees_pending`](Self::frees_pending))
+    /// or this changed since it was tried: a sync on another thread may have released them
+    /// in between.
+    pub fn free_epoch(&self) -> u64 {
+        // Released under the queue's lock: once a free has left the queue, this has moved.
+        let _queue = self.pending_free.lock();
+        self.frees_released.load(Ordering::Acquire)
+    }
+
     /// A mark taken before a metadata sync: the sync covers every free queued before it.
     pub fn pending_mark(&self) -> u64 {
         self.pending_free.lock().0
@@ -723,12 +736,13 @@ impl DataStore {
 
     /// Makes the frees queued before `mark` allocatable (their metadata is durable now).
     pub fn release_pending(&self, mark: u64) {
+        // The queue stays locked until the blocks are in the allocators, so that no writer
+        // sees the queue empty while the space is not allocatable yet (lock order: queue,
+        // drives, allocators; nothing takes the queue while holding the others).
+        let mut pending = self.pending_free.lock();
         let mut drained = Vec::new();
-        {
-            let mut pending = self.pending_free.lock();
-            while pending.1.front().is_some_and(|e| e.0 < mark) {
-                drained.push(pending.1.pop_front().expect("front"));
-            }
+        while pending.1.front().is_some_and(|e| e.0 < mark) {
+            drained.push(pending.1.pop_front().expect("front"));
         }
         if drained.is_empty() {
             return;
@@ -741,6 +755,8 @@ impl DataStore {
                 alloc[d as usize].release(off, len);
             }
         }
+        self.frees_released.fetch_add(1, Ordering::Release);
+        drop(pending);
     }
 
     /// Registers the blocks of a committed stripe at startup.

@@ -2338,11 +2338,13 @@ impl Engine {
         let size = segs.iter().map(|(o, d)| o + d.len() as u64).max().unwrap_or(0);
         b.set_in_flight(&segs);
         fb.room.notify_all();
+        let frees = self.data.free_epoch();
         let res = parking_lot::MutexGuard::unlocked(b, || match self.write_segments(ino, &segs, size, durable, &fb.commit) {
             // Blocks freed by deletes become allocatable once their metadata is durable: with
-            // the pool full and such frees waiting, the log is synced now (releasing them) and
-            // the write tried once more, so space a delete just gave back is there to write.
-            Err(Error::NoSpace(_)) if self.data.frees_pending() => {
+            // the pool full and such frees waiting (or released by another thread's sync
+            // since the write began), the log is synced now (releasing them) and the write
+            // tried once more, so space a delete just gave back is there to write.
+            Err(Error::NoSpace(_)) if self.data.frees_pending() || self.data.free_epoch() != frees => {
                 self.sync_metadata()?;
                 self.write_segments(ino, &segs, size, durable, &fb.commit)
             }
