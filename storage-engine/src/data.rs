@@ -724,8 +724,9 @@ impl DataStore {
     /// or this changed since it was tried: a sync on another thread may have released them
     /// in between.
     pub fn free_epoch(&self) -> u64 {
-        // Released under the queue's lock: once a free has left the queue, this has moved.
-        let _queue = self.pending_free.lock();
+        // Moved under the queue's lock, after the blocks reached the allocators: a reader
+        // that finds the queue without them (`frees_pending`, which waits for the lock) then
+        // sees this moved.
         self.frees_released.load(Ordering::Acquire)
     }
 

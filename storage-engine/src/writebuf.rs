@@ -171,8 +171,8 @@ impl WriteBuffer {
         {
             let mut last = self.append(o, off, data);
             let mut at = end;
-            while let Some(Seg::Filling(_)) = self.segs.get(&at) {
-                let Some(next) = self.segs.remove(&at) else { unreachable!("the segment was found above") };
+            while matches!(self.segs.get(&at), Some(Seg::Filling(_))) {
+                let next = self.segs.remove(&at).expect("the segment was found above");
                 self.bytes -= next.len();
                 last = self.append(last, at, next.bytes());
                 at += next.len() as u64;
