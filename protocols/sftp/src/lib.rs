@@ -5,6 +5,7 @@
 //! or from the user's chroot directory when an admin set one ([`set_chroot`]): `..` at the
 //! root stays at the root and symlink targets resolve inside it, so no path leads out.
 
+mod inbound;
 mod session;
 
 use std::path::{Path, PathBuf};

@@ -14,6 +14,13 @@ use tracing::info;
 const HANDLES_MAX: usize = 256;
 /// Largest READ answered, in bytes (OpenSSH asks for 32-256 KiB).
 const READ_BYTES_MAX: u32 = 256 * 1024;
+/// Largest packet a client may send: russh-sftp's limit on what it reads
+/// (`Config::max_client_packet_len`, 256 KiB), as OpenSSH's sftp-server's.
+const CLIENT_PACKET_BYTES_MAX: u64 = 256 * 1024;
+/// READ and WRITE lengths offered to clients by `limits@openssh.com`: the largest packet less
+/// room for a request's header, as OpenSSH's sftp-server offers. Without the extension its
+/// client moves 32 KiB a request; with it, 255 KiB.
+const TRANSFER_BYTES_OFFERED: u64 = CLIENT_PACKET_BYTES_MAX - 1024;
 /// Entries per READDIR answer.
 const READDIR_ENTRIES: usize = 128;
 /// Symlinks followed while resolving one path (as Linux's MAXSYMLINKS).
@@ -124,7 +131,7 @@ impl russh::server::Handler for SshSession {
                 };
                 session.channel_success(channel_id)?;
                 let sftp = SftpSession { engine: self.engine.clone(), caller, root, handles: HashMap::new(), next_handle: 0, ahead: HashMap::new() };
-                russh_sftp::server::run(channel.into_stream(), sftp).await;
+                russh_sftp::server::run(crate::inbound::stream(channel), sftp).await;
             }
             _ => session.channel_failure(channel_id)?,
         }
@@ -697,15 +704,26 @@ impl russh_sftp::server::Handler for SftpSession {
                 let data = self.run(|e, c, _| e.statfs(c)).await.map(|s| statvfs_reply(&s))?;
                 Ok(Packet::ExtendedReply(ExtendedReply { id, data }))
             }
+            "limits@openssh.com" => Ok(Packet::ExtendedReply(ExtendedReply { id, data: limits_reply() })),
             _ => Err(StatusCode::OpUnsupported),
         }
     }
 }
 
+/// The limits@openssh.com reply: four u64 (largest packet, read and write lengths, open
+/// handles), as OpenSSH's PROTOCOL file describes.
+fn limits_reply() -> Vec<u8> {
+    [CLIENT_PACKET_BYTES_MAX, TRANSFER_BYTES_OFFERED, TRANSFER_BYTES_OFFERED, HANDLES_MAX as u64]
+        .iter()
+        .flat_map(|v| v.to_be_bytes())
+        .collect()
+}
+
 /// Extensions offered in the VERSION reply (name, version), as OpenSSH's sftp-server names
 /// them; its client uses each only when offered.
-const EXTENSIONS: [(&str, &str); 5] = [
+const EXTENSIONS: [(&str, &str); 6] = [
     ("posix-rename@openssh.com", "1"),
+    ("limits@openssh.com", "1"),
     ("statvfs@openssh.com", "2"),
     ("fstatvfs@openssh.com", "2"),
     ("hardlink@openssh.com", "1"),

@@ -84,8 +84,11 @@ async fn run(program: &str, args: Vec<String>, hint: &str) -> Output {
 async fn sftp_batch(addr: SocketAddr, user: &str, password: &str, batch: &str, work: &Path) -> Output {
     let file = work.join("batch");
     std::fs::write(&file, batch).unwrap();
+    // A session that stopped answering would hang the client: `timeout` ends it.
     let args = vec![
-        "-p".to_string(),
+        "300".to_string(),
+        "sshpass".into(),
+        "-p".into(),
         password.to_string(),
         "sftp".into(),
         "-o".into(),
@@ -104,7 +107,7 @@ async fn sftp_batch(addr: SocketAddr, user: &str, password: &str, batch: &str, w
         "PubkeyAuthentication=no".into(),
         format!("{user}@127.0.0.1"),
     ];
-    run("sshpass", args, "the Debian packages sshpass and openssh-client").await
+    run("timeout", args, "the Debian packages sshpass and openssh-client").await
 }
 
 fn show(o: &Output) -> String {
@@ -327,6 +330,10 @@ try:
     raise SystemExit("a directory replaced a file")
 except IOError:
     pass
+# limits@openssh.com: four u64 (packet, read and write lengths, open handles).
+kind, msg = s._request(CMD_EXTENDED, "limits@openssh.com")
+assert kind == CMD_EXTENDED_REPLY, kind
+print("limits " + " ".join(str(msg.get_int64()) for _ in range(4)), flush=True)
 # Malformed extension requests get an error status; the session goes on.
 for req in [("posix-rename@openssh.com", "/home/c"), ("statvfs@openssh.com",), ("fsync@openssh.com", "no-such-handle"), ("no-such@example.com", "x")]:
     try:
@@ -359,6 +366,8 @@ async fn openssh_extensions_posix_rename_statvfs_hardlink_fsync() {
     let f: Vec<u64> = text.lines().find_map(|l| l.strip_prefix("statvfs ")).expect("statvfs line").split(' ').map(|v| v.parse().unwrap()).collect();
     let free = fs.free_bytes / 4096;
     assert_eq!(f, [4096, 4096, fs.total_bytes / 4096, free, free, fs.files + free, free, free, 0, 0, u64::from(fs.name_bytes_max)], "statvfs fields");
+    let limits: Vec<u64> = text.lines().find_map(|l| l.strip_prefix("limits ")).expect("limits line").split(' ').map(|v| v.parse().unwrap()).collect();
+    assert_eq!(limits, [256 * 1024, 255 * 1024, 255 * 1024, 256], "limits: what russh-sftp accepts, as OpenSSH's sftp-server offers");
     assert_eq!(read_all(&e, "/home/b"), b"first");
     assert!(e.resolve(&sys, "/home/a").is_err());
 
@@ -389,6 +398,49 @@ async fn openssh_extensions_posix_rename_statvfs_hardlink_fsync() {
     assert_eq!(rows[0][0], fs.total_bytes / 4096 * 4, "df size in KiB:\n{stdout}");
     assert!(rows[0][2] <= rows[0][0] && rows[0][2] >= after.free_bytes / 4096 * 4 - 16 * 1024, "df avail:\n{stdout}");
     assert!(rows[1][1] >= 5, "df -i counts the files in use:\n{stdout}");
+    server.stop().await;
+}
+
+const PREFETCH_SCRIPT: &str = r#"
+import sys, paramiko
+port, password, local, back = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+t = paramiko.Transport(("127.0.0.1", port))
+t.connect(username="alice", password=password)
+s = paramiko.SFTPClient.from_transport(t)
+# get() prefetches: it sends a READ for every 32 KiB of the file at once, with no cap.
+s.get("/home/big.bin", back)
+s.close(); t.close()
+print("prefetch ok")
+"#;
+
+/// Downloads that keep far more READs in flight than the client's channel window holds:
+/// OpenSSH's sftp with the 255 KiB READs that limits@openssh.com offers (64 in flight), and
+/// paramiko's prefetch (a READ for every 32 KiB of the file, sent at once). Both once stopped
+/// the session for good: its reply waited for a window that the client's WINDOW_ADJUST,
+/// queued behind the READs, never opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn downloads_with_more_reads_in_flight_than_the_window_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let server = Server::start(e.clone(), &dir.path().join("key")).await;
+    let work = tempfile::tempdir().unwrap();
+    let data = bytes(21, 24 * 1024 * 1024 + 4321);
+    let src = work.path().join("big.bin");
+    std::fs::write(&src, &data).unwrap();
+    let batch = format!("put {w}/big.bin /home/big.bin\nget /home/big.bin {w}/got.bin\n", w = work.path().display());
+    let out = sftp_batch(server.addr, "alice", PASSWORD, &batch, work.path()).await;
+    assert!(out.status.success(), "sftp batch: {}", show(&out));
+    assert_eq!(read_all(&e, "/home/big.bin"), data, "put");
+    assert!(std::fs::read(work.path().join("got.bin")).unwrap() == data, "OpenSSH get");
+
+    let script = work.path().join("prefetch.py");
+    std::fs::write(&script, PREFETCH_SCRIPT).unwrap();
+    let back = work.path().join("prefetched.bin");
+    // A stopped session would hang the client: `timeout` ends it and the test fails.
+    let args = vec!["120".into(), "python3".into(), script.display().to_string(), server.addr.port().to_string(), PASSWORD.into(), src.display().to_string(), back.display().to_string()];
+    let out = run("timeout", args, "python3 with paramiko").await;
+    assert!(out.status.success(), "paramiko prefetch: {}", show(&out));
+    assert!(std::fs::read(&back).unwrap() == data, "paramiko get");
     server.stop().await;
 }
 
