@@ -155,6 +155,20 @@ impl ReadBytes {
     }
 }
 
+impl ReadBytes {
+    /// The bytes as a `Vec`: the buffer itself when these are the only holder of a whole
+    /// buffer of their own (a copy across pieces from [`slice_of`](Self::slice_of)), else a
+    /// copy.
+    pub fn into_vec(self) -> Vec<u8> {
+        let ReadBytes { buf, range } = self;
+        match Arc::try_unwrap(buf) {
+            Ok(Backing::Owned(v)) if range == (0..v.len()) => v,
+            Ok(b) => b.bytes()[range].to_vec(),
+            Err(shared) => shared.bytes()[range].to_vec(),
+        }
+    }
+}
+
 impl From<Vec<u8>> for ReadBytes {
     fn from(v: Vec<u8>) -> ReadBytes {
         let n = v.len();
@@ -1155,6 +1169,14 @@ mod tests {
         // Inside one piece: the same memory, no copy.
         let got = ReadBytes::slice_of(&pieces, 1100, 1200).unwrap();
         assert!(std::ptr::eq(got.as_ptr(), pieces[2][76..].as_ptr()), "a read inside a piece shares its buffer");
+        // As a Vec: a slice of a shared buffer is copied; a copy across pieces is handed over.
+        assert_eq!(got.into_vec(), &whole[1100..1200]);
+        assert_eq!(pieces[2].len(), 1976, "the piece a slice was copied out of is untouched");
+        let across = ReadBytes::slice_of(&pieces, 500, 2500).unwrap();
+        let at = across.as_ptr();
+        let v = across.into_vec();
+        assert_eq!(v, &whole[500..2500]);
+        assert!(std::ptr::eq(v.as_ptr(), at), "the copy across pieces is not copied again");
     }
 
     #[test]

@@ -395,7 +395,7 @@ impl SftpSession {
         let st = self.ahead.get_mut(handle)?;
         let w = st.current.as_ref().filter(|w| covers(w))?;
         let a = (offset - w.0) as usize;
-        ReadBytes::slice_of(&w.1, a, a + len).map(|b| b.to_vec())
+        ReadBytes::slice_of(&w.1, a, a + len).map(ReadBytes::into_vec)
     }
 
     fn file_ino(&self, handle: &str) -> Result<(Ino, bool), StatusCode> {
