@@ -115,6 +115,55 @@ impl russh::server::Handler for SshSession {
         Ok(())
     }
 
+    // The service offers the SFTP subsystem only. Every other channel request is refused
+    // with CHANNEL_FAILURE (when the client asked for a reply): left unanswered, a client
+    // waits for good (rclone runs `echo` through exec to detect the remote shell, and falls
+    // back to plain SFTP when that fails).
+    async fn exec_request(&mut self, channel: ChannelId, data: &[u8], session: &mut Session) -> Result<(), Self::Error> {
+        info!(peer = %self.peer, command = %String::from_utf8_lossy(data), "SSH exec refused: this service offers SFTP only");
+        session.channel_failure(channel)?;
+        Ok(())
+    }
+
+    async fn shell_request(&mut self, channel: ChannelId, session: &mut Session) -> Result<(), Self::Error> {
+        info!(peer = %self.peer, "SSH shell refused: this service offers SFTP only");
+        session.channel_failure(channel)?;
+        Ok(())
+    }
+
+    async fn pty_request(
+        &mut self,
+        channel: ChannelId,
+        _term: &str,
+        _col_width: u32,
+        _row_height: u32,
+        _pix_width: u32,
+        _pix_height: u32,
+        _modes: &[(russh::Pty, u32)],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        session.channel_failure(channel)?;
+        Ok(())
+    }
+
+    async fn env_request(&mut self, channel: ChannelId, _name: &str, _value: &str, session: &mut Session) -> Result<(), Self::Error> {
+        session.channel_failure(channel)?;
+        Ok(())
+    }
+
+    async fn x11_request(
+        &mut self,
+        channel: ChannelId,
+        _single_connection: bool,
+        _protocol: &str,
+        _cookie: &str,
+        _screen: u32,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        session.channel_failure(channel)?;
+        Ok(())
+    }
+
     async fn subsystem_request(&mut self, channel_id: ChannelId, name: &str, session: &mut Session) -> Result<(), Self::Error> {
         match (name, self.caller.clone(), self.channels.remove(&channel_id)) {
             ("sftp", Some(caller), Some(channel)) => {

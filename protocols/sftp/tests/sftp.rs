@@ -553,3 +553,54 @@ async fn chroot_confines_paths_symlinks_and_writes() {
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("secret.txt"), "{}", show(&out));
     server.stop().await;
 }
+
+/// rclone's SFTP backend first runs `echo` through an SSH exec request to detect the remote
+/// shell; the service refuses exec (and shell) at once, so rclone goes on with plain SFTP.
+/// OpenSSH's `ssh` asking for a command or a shell is refused promptly, not left waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rclone_copies_both_ways_and_exec_and_shell_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let server = Server::start(e.clone(), &dir.path().join("key")).await;
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    let big = bytes(31, 6 * 1024 * 1024 + 99);
+    std::fs::write(src.join("big.bin"), &big).unwrap();
+    std::fs::write(src.join("sub/small.txt"), b"small file\n").unwrap();
+
+    let obscured = run("rclone", vec!["obscure".into(), PASSWORD.into()], "the Debian package rclone").await;
+    assert!(obscured.status.success(), "{}", show(&obscured));
+    let pass = String::from_utf8(obscured.stdout).unwrap().trim().to_string();
+    let remote = format!(":sftp,host=127.0.0.1,port={},user=alice,pass={pass}:/home/r", server.addr.port());
+    let rclone = |args: Vec<String>| {
+        let mut all = vec!["120".to_string(), "rclone".into(), "--config".into(), "/dev/null".into()];
+        all.extend(args);
+        run("timeout", all, "the Debian package rclone")
+    };
+    let out = rclone(vec!["copy".into(), src.display().to_string(), remote.clone()]).await;
+    assert!(out.status.success(), "rclone copy up: {}", show(&out));
+    assert_eq!(read_all(&e, "/home/r/big.bin"), big);
+    assert_eq!(read_all(&e, "/home/r/sub/small.txt"), b"small file\n");
+    let out = rclone(vec!["check".into(), src.display().to_string(), remote.clone()]).await;
+    assert!(out.status.success(), "rclone check: {}", show(&out));
+    let back = work.path().join("back");
+    let out = rclone(vec!["copy".into(), remote.clone(), back.display().to_string()]).await;
+    assert!(out.status.success(), "rclone copy down: {}", show(&out));
+    assert!(std::fs::read(back.join("big.bin")).unwrap() == big);
+    assert_eq!(std::fs::read(back.join("sub/small.txt")).unwrap(), b"small file\n");
+
+    for command in [vec!["echo".to_string(), "hi".into()], vec![]] {
+        let mut args = vec!["30".to_string(), "sshpass".into(), "-p".into(), PASSWORD.into(), "ssh".into(), "-T".into()];
+        for o in ["StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "PreferredAuthentications=password", "PubkeyAuthentication=no"] {
+            args.extend(["-o".to_string(), o.to_string()]);
+        }
+        args.extend(["-p".to_string(), server.addr.port().to_string(), "alice@127.0.0.1".into()]);
+        args.extend(command.clone());
+        let out = run("timeout", args, "the Debian packages sshpass and openssh-client").await;
+        // 124: `timeout` ended a client still waiting for an answer.
+        assert!(!out.status.success() && out.status.code() != Some(124), "ssh {command:?} is refused at once: {}", show(&out));
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("hi"), "nothing ran: {}", show(&out));
+    }
+    server.stop().await;
+}
