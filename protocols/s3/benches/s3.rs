@@ -23,7 +23,8 @@
 //!   cache keeps a shard once twice its data was read; s3s-fs reads through the page cache);
 //! - PUT then GET of 4 KiB objects, 1 and 8 streams (operations/s);
 //! - ListObjectsV2 of a bucket of 100,000 keys (`S3_BENCH_LIST_KEYS`), 1000 keys a page:
-//!   seconds to list them all (a listing is stopped after `LIST_SECS_MAX` and shown as "> s").
+//!   seconds to list them all (a listing is stopped after `LIST_SECS_MAX` and shown as "> s");
+//! - in each round, MD5 on one core: a one-stream PUT cannot outrun the hash of its ETag.
 //!
 //! Binaries: the daemon next to this bench in the target directory (or `AQUIFER_BIN`);
 //! `s3s-fs` from `S3S_FS_BIN`, default `/var/cache/aquifer-tools/bin/s3s-fs`, installed with
@@ -506,6 +507,23 @@ fn disk_rates(threads: usize) -> Result<(f64, f64)> {
     Ok((run(true)?, run(false)?))
 }
 
+/// Bytes hashed to measure MD5's speed on one core.
+const MD5_BYTES: usize = 512 * MIB;
+
+/// MD5 on one core with OpenSSL (the daemon's MD5), in MiB/s over 1 MiB updates: a
+/// single-part PUT's ETag is the MD5 of the whole object, a serial hash, so it bounds what
+/// one stream of PUTs can reach.
+fn md5_limit() -> Result<f64> {
+    let block = vec![0x5a_u8; MIB];
+    let mut h = openssl::hash::Hasher::new(openssl::hash::MessageDigest::md5())?;
+    let start = Instant::now();
+    for _ in 0..MD5_BYTES / MIB {
+        h.update(&block)?;
+    }
+    std::hint::black_box(h.finish()?);
+    Ok((MD5_BYTES / MIB) as f64 / start.elapsed().as_secs_f64())
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
@@ -523,6 +541,7 @@ struct Round {
     tcp1: f64,
     tcp8: f64,
     disk: (f64, f64),
+    md5: f64,
     aquifer: Rows,
     s3s: Rows,
 }
@@ -545,8 +564,9 @@ fn main() -> Result<()> {
         let tcp1 = iperf3(1)?;
         let tcp8 = iperf3(8)?;
         let disk = disk_limit()?;
+        let md5 = md5_limit()?;
         eprintln!(
-            "round {}: loopback TCP (iperf3) {tcp1:.0} MiB/s with 1 stream, {tcp8:.0} MiB/s with 8; disk (O_DIRECT) write {:.0}, read {:.0} MiB/s",
+            "round {}: loopback TCP (iperf3) {tcp1:.0} MiB/s with 1 stream, {tcp8:.0} MiB/s with 8; disk (O_DIRECT) write {:.0}, read {:.0} MiB/s; MD5 on one core {md5:.0} MiB/s",
             round + 1,
             disk.0,
             disk.1
@@ -562,7 +582,7 @@ fn main() -> Result<()> {
         for ((label, av), (_, sv)) in a.iter().zip(&s) {
             eprintln!("round {}: {label}: Aquifer {} s3s-fs {} ({:.2}×)", round + 1, fmt_value(*av), fmt_value(*sv), av / sv);
         }
-        measured.push(Round { tcp1, tcp8, disk, aquifer: a, s3s: s });
+        measured.push(Round { tcp1, tcp8, disk, md5, aquifer: a, s3s: s });
     }
     let (al, a_stopped) = rt.block_on(measure_list(&aquifer, keys))?;
     let (sl, s_stopped) = rt.block_on(measure_list(&s3s, keys))?;
@@ -591,6 +611,8 @@ fn main() -> Result<()> {
         (fmt_value(median(limit)), format!("{:.2}×", median(&ratios)), range(&ratios))
     };
     let blank = || (String::new(), String::new(), String::new());
+    // Lines printed after the table.
+    let mut post: Vec<String> = Vec::new();
     for (row, (label, _)) in measured[0].aquifer.iter().enumerate() {
         let av: Vec<f64> = measured.iter().map(|m| m.aquifer[row].1).collect();
         let sv: Vec<f64> = measured.iter().map(|m| m.s3s[row].1).collect();
@@ -624,6 +646,17 @@ fn main() -> Result<()> {
             disk.2
         );
     }
+    // One stream of 64 MiB PUTs against the serial hash each of them needs.
+    if let Some(row) = measured[0].aquifer.iter().position(|(l, _)| l.starts_with("PUT") && l.contains("64 MiB") && l.contains("1 stream ")) {
+        let av: Vec<f64> = measured.iter().map(|m| m.aquifer[row].1).collect();
+        let sv: Vec<f64> = measured.iter().map(|m| m.s3s[row].1).collect();
+        let (md5, a, ar) = against(&av, &measured.iter().map(|m| m.md5).collect::<Vec<_>>());
+        let (_, s, sr) = against(&sv, &measured.iter().map(|m| m.md5).collect::<Vec<_>>());
+        post.push(format!(
+            "MD5 on one core (OpenSSL, {} MiB in 1 MiB updates): {md5} MiB/s. A one-stream 64 MiB PUT's ETag is the MD5 of the object, a serial hash: Aquifer reaches {a} of it ({ar}), s3s-fs {s} ({sr}).",
+            MD5_BYTES / MIB
+        ));
+    }
     let list_value = |v: f64, stopped: bool| if stopped { format!("> {}", fmt_value(v)) } else { fmt_value(v) };
     let list_ratio = match (a_stopped, s_stopped) {
         (false, false) => format!("{:.2}×", al / sl),
@@ -635,5 +668,9 @@ fn main() -> Result<()> {
         list_value(al, a_stopped),
         list_value(sl, s_stopped)
     );
+    for line in post {
+        println!();
+        println!("{line}");
+    }
     Ok(())
 }
