@@ -21,7 +21,8 @@
 //! - PUT then GET of 64 MiB objects, 1 stream and 8 concurrent streams (MiB/s of object data),
 //!   and a GET of the same objects read again (after two more unmeasured GETs: Aquifer's data
 //!   cache keeps a shard once twice its data was read; s3s-fs reads through the page cache);
-//! - PUT then GET of 4 KiB objects, 1 and 8 streams (operations/s);
+//! - PUT then GET of 4 KiB objects, 1 and 8 streams (operations/s), 6,000 a phase
+//!   (`S3_BENCH_SMALL_OBJECTS`);
 //! - ListObjectsV2 of a bucket of 100,000 keys (`S3_BENCH_LIST_KEYS`), 1000 keys a page:
 //!   seconds to list them all (a listing is stopped after `LIST_SECS_MAX` and shown as "> s");
 //! - in each round, MD5 on one core: a one-stream PUT cannot outrun the hash of its ETag.
@@ -55,8 +56,11 @@ const LARGE_OBJECTS_PER_STREAM_OF_8: usize = 2;
 /// GETs of the large objects between the first measured one and the "read again" one.
 const REREADS_BEFORE_MEASURED: usize = 2;
 const SMALL_BYTES: usize = 4096;
-/// Small objects per phase (split across the streams).
-const SMALL_OBJECTS: usize = 2000;
+/// Small objects per phase (split across the streams), unless `S3_BENCH_SMALL_OBJECTS` says.
+/// With 2,000, Aquifer's eight-stream phase lasted about 0.3 s and its ratio moved between
+/// 1.14× and 2.25× from round to round; 6,000 make it about a second (s3s-fs's one-stream
+/// GETs, ~46 a second, then take two minutes a round).
+const SMALL_OBJECTS_DEFAULT: usize = 6000;
 const LIST_KEYS_DEFAULT: usize = 100_000;
 const LIST_PAGE_KEYS: usize = 1000;
 /// A listing still running after this long is stopped and reported as "more than" (a
@@ -319,7 +323,7 @@ fn plural(streams: usize) -> &'static str {
 
 /// PUT then GET of large and of small objects, under keys of their own for `round`; the large
 /// objects are deleted again.
-async fn measure_round(c: &Client, round: usize) -> Result<Rows> {
+async fn measure_round(c: &Client, round: usize, small_objects: usize) -> Result<Rows> {
     let mut r = Rows::new();
     let large = Bytes::from((0..LARGE_BYTES).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>());
     for (streams, n) in [(1, LARGE_OBJECTS_ONE_STREAM), (8, 8 * LARGE_OBJECTS_PER_STREAM_OF_8)] {
@@ -357,14 +361,14 @@ async fn measure_round(c: &Client, round: usize) -> Result<Rows> {
     let small = Bytes::from(vec![7u8; SMALL_BYTES]);
     for streams in [1, 8] {
         let (cc, body) = (c.clone(), small.clone());
-        let t = parallel(streams, SMALL_OBJECTS, move |i| {
+        let t = parallel(streams, small_objects, move |i| {
             let (cc, body) = (cc.clone(), body.clone());
             async move { cc.put(&format!("/bench/r{round}/small{streams}-{i:06}"), body).await }
         })
         .await?;
-        r.push((format!("PUT 4 KiB, {streams} stream{} (ops/s)", plural(streams)), SMALL_OBJECTS as f64 / t.as_secs_f64()));
+        r.push((format!("PUT 4 KiB, {streams} stream{} (ops/s)", plural(streams)), small_objects as f64 / t.as_secs_f64()));
         let cc = c.clone();
-        let t = parallel(streams, SMALL_OBJECTS, move |i| {
+        let t = parallel(streams, small_objects, move |i| {
             let cc = cc.clone();
             async move {
                 let got = cc.get(&format!("/bench/r{round}/small{streams}-{i:06}")).await?;
@@ -373,7 +377,7 @@ async fn measure_round(c: &Client, round: usize) -> Result<Rows> {
             }
         })
         .await?;
-        r.push((format!("GET 4 KiB, {streams} stream{} (ops/s)", plural(streams)), SMALL_OBJECTS as f64 / t.as_secs_f64()));
+        r.push((format!("GET 4 KiB, {streams} stream{} (ops/s)", plural(streams)), small_objects as f64 / t.as_secs_f64()));
     }
     Ok(r)
 }
@@ -549,6 +553,7 @@ struct Round {
 fn main() -> Result<()> {
     // `cargo bench` passes `--bench`; there are no other options.
     let rounds = std::env::var("S3_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(ROUNDS_DEFAULT).max(1);
+    let small_objects = std::env::var("S3_BENCH_SMALL_OBJECTS").ok().and_then(|v| v.parse().ok()).unwrap_or(SMALL_OBJECTS_DEFAULT).max(1);
     let keys = std::env::var("S3_BENCH_LIST_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(LIST_KEYS_DEFAULT);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     // Both servers run for the whole measurement; only one is ever sent requests.
@@ -573,11 +578,11 @@ fn main() -> Result<()> {
         );
         // The order alternates, so that neither server always runs first after iperf3.
         let (a, s) = if round % 2 == 0 {
-            let a = rt.block_on(measure_round(&ca, round))?;
-            (a, rt.block_on(measure_round(&cs, round))?)
+            let a = rt.block_on(measure_round(&ca, round, small_objects))?;
+            (a, rt.block_on(measure_round(&cs, round, small_objects))?)
         } else {
-            let s = rt.block_on(measure_round(&cs, round))?;
-            (rt.block_on(measure_round(&ca, round))?, s)
+            let s = rt.block_on(measure_round(&cs, round, small_objects))?;
+            (rt.block_on(measure_round(&ca, round, small_objects))?, s)
         };
         for ((label, av), (_, sv)) in a.iter().zip(&s) {
             eprintln!("round {}: {label}: Aquifer {} s3s-fs {} ({:.2}×)", round + 1, fmt_value(*av), fmt_value(*sv), av / sv);
