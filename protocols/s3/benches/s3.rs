@@ -550,11 +550,16 @@ struct Round {
     s3s: Rows,
 }
 
+/// A count from the environment variable `name`, or `default` when it is unset or not a number.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 fn main() -> Result<()> {
     // `cargo bench` passes `--bench`; there are no other options.
-    let rounds = std::env::var("S3_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(ROUNDS_DEFAULT).max(1);
-    let small_objects = std::env::var("S3_BENCH_SMALL_OBJECTS").ok().and_then(|v| v.parse().ok()).unwrap_or(SMALL_OBJECTS_DEFAULT).max(1);
-    let keys = std::env::var("S3_BENCH_LIST_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(LIST_KEYS_DEFAULT);
+    let rounds = env_count("S3_BENCH_ROUNDS", ROUNDS_DEFAULT).max(1);
+    let small_objects = env_count("S3_BENCH_SMALL_OBJECTS", SMALL_OBJECTS_DEFAULT).max(1);
+    let keys = env_count("S3_BENCH_LIST_KEYS", LIST_KEYS_DEFAULT);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     // Both servers run for the whole measurement; only one is ever sent requests.
     let aquifer = start_aquifer()?;
