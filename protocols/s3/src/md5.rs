@@ -56,7 +56,8 @@ impl Md5 {
 /// the development VM with 8 lanes full. Chunks queue per upload, so the lanes fill by
 /// themselves exactly when hashing is the bottleneck; an upload with [`BACKLOG_MAX`]
 /// chunks waiting blocks in [`StreamMd5::update`] until one is hashed, which bounds the
-/// memory held.
+/// memory held. While it hashes one or two uploads, each alone, the thread runs at a raised
+/// priority ([`Priority`]).
 pub(crate) struct StreamMd5 {
     id: u64,
     backlog: std::sync::Arc<Backlog>,
@@ -111,6 +112,56 @@ fn lanes() -> &'static Lanes {
     })
 }
 
+/// Uploads with chunks waiting that the hashing thread hashes side by side in lanes; fewer
+/// are hashed one after the other.
+const SHARED_MIN: usize = 3;
+
+/// The nice value the hashing thread takes while it hashes uploads alone (the daemon's other
+/// threads run at 0).
+const HASH_NICE: i32 = -10;
+
+/// The hashing thread's priority: raised while fewer than [`SHARED_MIN`] uploads are in
+/// flight (each is hashed alone), the default while uploads share its lanes.
+///
+/// An upload hashed alone goes no faster than one core's MD5, and everything else it needs
+/// (receiving, erasure coding, drive writes) runs on other threads with slack between them
+/// (the write buffer, the hashing backlog). With the cores busy the kernel shares them out
+/// evenly, and a one-stream PUT's hashing thread waited for a core for about a tenth of its
+/// time (docs/benchmarks.md). With lanes shared, hashing costs a third as much a byte and is
+/// no longer what uploads wait for; raised then, the thread took the cores from the
+/// threads that feed it and eight-stream PUTs slowed down. Raising a priority takes
+/// CAP_SYS_NICE (the appliance runs as root); without it the thread keeps the default.
+struct Priority {
+    tid: libc::id_t,
+    /// False once the kernel refused a raise: the thread then stays at the default.
+    allowed: bool,
+    raised: bool,
+}
+
+impl Priority {
+    fn of_this_thread() -> Priority {
+        // SAFETY: gettid has no arguments and cannot fail.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
+        Priority { tid, allowed: true, raised: false }
+    }
+
+    /// Raised while fewer than [`SHARED_MIN`] uploads are in flight (see the type), else the
+    /// default.
+    fn set_for(&mut self, uploads: usize) {
+        let raise = uploads < SHARED_MIN;
+        if !self.allowed || raise == self.raised {
+            return;
+        }
+        // SAFETY: setpriority on this thread's own id changes only its nice value.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid, if raise { HASH_NICE } else { 0 }) } == 0 {
+            self.raised = raise;
+        } else {
+            tracing::debug!("the MD5 thread keeps the default priority: {}", std::io::Error::last_os_error());
+            self.allowed = false;
+        }
+    }
+}
+
 fn lane_thread(rx: std::sync::mpsc::Receiver<LaneMsg>) {
     use std::collections::HashMap;
     let engine = md5_many::Md5Many::new();
@@ -120,6 +171,7 @@ fn lane_thread(rx: std::sync::mpsc::Receiver<LaneMsg>) {
     let mut streams: HashMap<u64, LaneStream> = HashMap::new();
     let mut dummies = vec![md5_many::Md5State::new(); 16];
     let mut filler: Vec<u8> = Vec::new();
+    let mut priority = Priority::of_this_thread();
     let take = |m: LaneMsg, streams: &mut HashMap<u64, LaneStream>| match m {
         LaneMsg::Chunk(id, b, d) => streams.entry(id).or_default().queue.push_back((b, d)),
         LaneMsg::Finish(id, reply) => streams.entry(id).or_default().finish = Some(reply),
@@ -152,13 +204,14 @@ fn lane_thread(rx: std::sync::mpsc::Receiver<LaneMsg>) {
             continue;
         }
         gathering = None;
+        priority.set_for(streams.len());
         // One round: the head chunk of every upload that has one.
         let mut ids: Vec<u64> = streams.iter().filter(|(_, s)| !s.queue.is_empty()).map(|(id, _)| *id).collect();
         ids.sort_unstable();
         // Lanes take equal lengths; a different one (an upload's last chunk) hashes alone.
         let len = ids.iter().map(|id| bytes(&streams[id].queue[0].1).len()).max().unwrap_or(0);
         let (lane_ids, alone): (Vec<u64>, Vec<u64>) = ids.into_iter().partition(|id| bytes(&streams[id].queue[0].1).len() == len && len % 64 == 0 && streams[id].bytes % 64 == 0);
-        let (lane_ids, alone) = if lane_ids.len() >= 3 { (lane_ids, alone) } else { (Vec::new(), lane_ids.into_iter().chain(alone).collect()) };
+        let (lane_ids, alone) = if lane_ids.len() >= SHARED_MIN { (lane_ids, alone) } else { (Vec::new(), lane_ids.into_iter().chain(alone).collect()) };
         for group in lane_ids.chunks(wide) {
             let n = if group.len() > 8 { 16 } else { 8 };
             if filler.len() < len {
@@ -215,7 +268,7 @@ const GATHER_MAX: std::time::Duration = std::time::Duration::from_millis(8);
 fn gather_wait(streams: &std::collections::HashMap<u64, LaneStream>, wide: usize, gathering: &mut Option<std::time::Instant>) -> Option<std::time::Duration> {
     let active = streams.len();
     let ready = streams.values().filter(|s| !s.queue.is_empty()).count();
-    if active < 3 || ready >= active.min(wide) || streams.values().any(|s| s.finish.is_some() || s.queue.len() >= BACKLOG_MAX) {
+    if active < SHARED_MIN || ready >= active.min(wide) || streams.values().any(|s| s.finish.is_some() || s.queue.len() >= BACKLOG_MAX) {
         return None;
     }
     let began = *gathering.get_or_insert_with(std::time::Instant::now);
@@ -279,6 +332,71 @@ impl Drop for StreamMd5 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The nice value of this process's first thread whose name `pick` accepts.
+    fn thread_nice(pick: impl Fn(&str) -> bool) -> Option<i32> {
+        std::fs::read_dir("/proc/self/task").unwrap().find_map(|t| {
+            let dir = t.ok()?.path();
+            if !pick(std::fs::read_to_string(dir.join("comm")).ok()?.trim()) {
+                return None;
+            }
+            let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+            // Nice is the 19th field; the fields after the name (which ends at the last ')') start at the 3rd.
+            stat[stat.rfind(')')? + 2..].split_whitespace().nth(16)?.parse().ok()
+        })
+    }
+
+    /// Whether this process may raise a thread's priority (root with CAP_SYS_NICE), asked of a scratch thread.
+    fn may_raise() -> bool {
+        std::thread::spawn(|| {
+            // SAFETY: as in `Priority::set_for`, on this scratch thread's own id.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::syscall(libc::SYS_gettid) as libc::id_t, HASH_NICE) == 0 }
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// Raised for one or two uploads, back to the default once three share the lanes, and
+    /// raised again when they are down to two.
+    #[test]
+    fn priority_follows_the_uploads_in_flight() {
+        let raised = if may_raise() { HASH_NICE } else { 0 };
+        std::thread::Builder::new()
+            .name("md5-prio-test".into())
+            .spawn(move || {
+                let mine = || thread_nice(|comm| comm == "md5-prio-test").unwrap();
+                let mut p = Priority::of_this_thread();
+                for (uploads, want) in [(1, raised), (2, raised), (3, 0), (8, 0), (2, raised), (0, raised)] {
+                    p.set_for(uploads);
+                    assert_eq!(mine(), want, "{uploads} uploads in flight");
+                }
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    /// The hashing thread hashes an upload alone at [`HASH_NICE`] where the process may
+    /// raise priorities (root, as the appliance and CI run), else at the default.
+    #[test]
+    fn the_hashing_thread_runs_ahead_where_allowed() {
+        let nice = || thread_nice(|comm| comm == "aquifer-md5").expect("the hashing thread is running");
+        let want = if may_raise() { HASH_NICE } else { 0 };
+        // Other tests' uploads may share the lanes meanwhile (the default priority); once an
+        // upload is hashed alone the thread runs at `want`.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let mut h = StreamMd5::new();
+            h.update(std::sync::Arc::new(vec![7u8; 4096]) as Chunk);
+            assert_eq!(h.finalize(), Md5::digest(vec![7u8; 4096]));
+            let now = nice();
+            if now == want {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the hashing thread runs at nice {now}, not {want}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
 
     #[test]
     fn matches_the_portable_md5() {
