@@ -116,8 +116,8 @@ fn lanes() -> &'static Lanes {
 /// are hashed one after the other.
 const SHARED_MIN: usize = 3;
 
-/// The nice value the hashing thread takes while it hashes uploads alone (the daemon's other
-/// threads run at 0).
+/// How far the hashing thread lowers its nice value (raises its priority) below the one it
+/// started with, the daemon's, while it hashes uploads alone.
 const HASH_NICE: i32 = -10;
 
 /// The hashing thread's priority: raised while fewer than [`SHARED_MIN`] uploads are in
@@ -133,6 +133,9 @@ const HASH_NICE: i32 = -10;
 /// CAP_SYS_NICE (the appliance runs as root); without it the thread keeps the default.
 struct Priority {
     tid: libc::id_t,
+    /// The nice value the thread started with (the daemon's, as an operator may have set it):
+    /// the default it goes back to.
+    base: i32,
     /// False once the kernel refused a raise: the thread then stays at the default.
     allowed: bool,
     raised: bool,
@@ -142,7 +145,7 @@ impl Priority {
     fn of_this_thread() -> Priority {
         // SAFETY: gettid has no arguments and cannot fail.
         let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
-        Priority { tid, allowed: true, raised: false }
+        Priority { tid, base: nice_of(tid).unwrap_or(0), allowed: true, raised: false }
     }
 
     /// Raised while fewer than [`SHARED_MIN`] uploads are in flight (see the type), else the
@@ -153,12 +156,24 @@ impl Priority {
             return;
         }
         // SAFETY: setpriority on this thread's own id changes only its nice value.
-        if unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid, if raise { HASH_NICE } else { 0 }) } == 0 {
+        let nice = if raise { (self.base + HASH_NICE).max(-20) } else { self.base };
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid, nice) } == 0 {
             self.raised = raise;
         } else {
             tracing::debug!("the MD5 thread keeps the default priority: {}", std::io::Error::last_os_error());
             self.allowed = false;
         }
+    }
+}
+
+/// The nice value of thread `tid` of this process.
+fn nice_of(tid: libc::id_t) -> Option<i32> {
+    // getpriority answers -1 both for a nice value of -1 and for an error; errno tells them
+    // apart. SAFETY: errno is this thread's own; getpriority only reads.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let nice = libc::getpriority(libc::PRIO_PROCESS, tid);
+        (nice != -1 || *libc::__errno_location() == 0).then_some(nice)
     }
 }
 
@@ -346,27 +361,42 @@ mod tests {
         })
     }
 
-    /// Whether this process may raise a thread's priority (root with CAP_SYS_NICE), asked of a scratch thread.
+    /// Whether this process may raise a thread's priority (root with CAP_SYS_NICE), asked of
+    /// a scratch thread (which starts at the nice value of the thread that spawns it).
     fn may_raise() -> bool {
         std::thread::spawn(|| {
+            // SAFETY: gettid cannot fail.
+            let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
+            let base = nice_of(tid).unwrap();
             // SAFETY: as in `Priority::set_for`, on this scratch thread's own id.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::syscall(libc::SYS_gettid) as libc::id_t, HASH_NICE) == 0 }
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, (base + HASH_NICE).max(-20)) == 0 }
         })
         .join()
         .unwrap()
     }
 
-    /// Raised for one or two uploads, back to the default once three share the lanes, and
-    /// raised again when they are down to two.
+    /// This thread's nice value.
+    fn my_nice() -> i32 {
+        // SAFETY: gettid cannot fail.
+        nice_of(unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t).unwrap()
+    }
+
+    /// Raised for one or two uploads, back to the nice value it started with once three
+    /// share the lanes, and raised again when they are down to two; starting from a nice
+    /// value of 5 (an operator's), raised to -5 and back to 5.
     #[test]
     fn priority_follows_the_uploads_in_flight() {
-        let raised = if may_raise() { HASH_NICE } else { 0 };
+        let allowed = may_raise();
         std::thread::Builder::new()
             .name("md5-prio-test".into())
             .spawn(move || {
                 let mine = || thread_nice(|comm| comm == "md5-prio-test").unwrap();
+                // Lowering one's own priority needs no privilege. SAFETY: on this thread's own id.
+                assert_eq!(unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::syscall(libc::SYS_gettid) as libc::id_t, my_nice().max(5)) }, 0);
+                let base = my_nice();
+                let raised = if allowed { (base + HASH_NICE).max(-20) } else { base };
                 let mut p = Priority::of_this_thread();
-                for (uploads, want) in [(1, raised), (2, raised), (3, 0), (8, 0), (2, raised), (0, raised)] {
+                for (uploads, want) in [(1, raised), (2, raised), (3, base), (8, base), (2, raised), (0, raised)] {
                     p.set_for(uploads);
                     assert_eq!(mine(), want, "{uploads} uploads in flight");
                 }
@@ -376,12 +406,15 @@ mod tests {
             .unwrap();
     }
 
-    /// The hashing thread hashes an upload alone at [`HASH_NICE`] where the process may
-    /// raise priorities (root, as the appliance and CI run), else at the default.
+    /// The hashing thread hashes an upload alone [`HASH_NICE`] below the process's nice value
+    /// where the process may raise priorities (root, as the appliance and CI run), else at it.
     #[test]
     fn the_hashing_thread_runs_ahead_where_allowed() {
         let nice = || thread_nice(|comm| comm == "aquifer-md5").expect("the hashing thread is running");
-        let want = if may_raise() { HASH_NICE } else { 0 };
+        // The hashing thread starts at the nice value of the test thread that spawned it,
+        // this process's.
+        let base = my_nice();
+        let want = if may_raise() { (base + HASH_NICE).max(-20) } else { base };
         // Other tests' uploads may share the lanes meanwhile (the default priority); once an
         // upload is hashed alone the thread runs at `want`.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
