@@ -143,8 +143,7 @@ struct Priority {
 
 impl Priority {
     fn of_this_thread() -> Priority {
-        // SAFETY: gettid has no arguments and cannot fail.
-        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
+        let tid = this_tid();
         Priority { tid, base: nice_of(tid).unwrap_or(0), allowed: true, raised: false }
     }
 
@@ -155,8 +154,8 @@ impl Priority {
         if !self.allowed || raise == self.raised {
             return;
         }
+        let nice = if raise { raised_nice(self.base) } else { self.base };
         // SAFETY: setpriority on this thread's own id changes only its nice value.
-        let nice = if raise { (self.base + HASH_NICE).max(-20) } else { self.base };
         if unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid, nice) } == 0 {
             self.raised = raise;
         } else {
@@ -164,6 +163,17 @@ impl Priority {
             self.allowed = false;
         }
     }
+}
+
+/// The nice value [`HASH_NICE`] below `base`, within the kernel's range.
+fn raised_nice(base: i32) -> i32 {
+    (base + HASH_NICE).max(-20)
+}
+
+/// The calling thread's id.
+fn this_tid() -> libc::id_t {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as libc::id_t }
 }
 
 /// The nice value of thread `tid` of this process.
@@ -348,16 +358,11 @@ impl Drop for StreamMd5 {
 mod tests {
     use super::*;
 
-    /// The nice value of this process's first thread whose name `pick` accepts.
-    fn thread_nice(pick: impl Fn(&str) -> bool) -> Option<i32> {
+    /// The id of this process's thread named `name`.
+    fn thread_named(name: &str) -> Option<libc::id_t> {
         std::fs::read_dir("/proc/self/task").unwrap().find_map(|t| {
             let dir = t.ok()?.path();
-            if !pick(std::fs::read_to_string(dir.join("comm")).ok()?.trim()) {
-                return None;
-            }
-            let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
-            // Nice is the 19th field; the fields after the name (which ends at the last ')') start at the 3rd.
-            stat[stat.rfind(')')? + 2..].split_whitespace().nth(16)?.parse().ok()
+            (std::fs::read_to_string(dir.join("comm")).ok()?.trim() == name).then(|| dir.file_name()?.to_str()?.parse().ok()).flatten()
         })
     }
 
@@ -365,11 +370,9 @@ mod tests {
     /// a scratch thread (which starts at the nice value of the thread that spawns it).
     fn may_raise() -> bool {
         std::thread::spawn(|| {
-            // SAFETY: gettid cannot fail.
-            let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
-            let base = nice_of(tid).unwrap();
+            let tid = this_tid();
             // SAFETY: as in `Priority::set_for`, on this scratch thread's own id.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, (base + HASH_NICE).max(-20)) == 0 }
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, raised_nice(nice_of(tid).unwrap())) == 0 }
         })
         .join()
         .unwrap()
@@ -377,8 +380,7 @@ mod tests {
 
     /// This thread's nice value.
     fn my_nice() -> i32 {
-        // SAFETY: gettid cannot fail.
-        nice_of(unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t).unwrap()
+        nice_of(this_tid()).unwrap()
     }
 
     /// Raised for one or two uploads, back to the nice value it started with once three
@@ -387,34 +389,30 @@ mod tests {
     #[test]
     fn priority_follows_the_uploads_in_flight() {
         let allowed = may_raise();
-        std::thread::Builder::new()
-            .name("md5-prio-test".into())
-            .spawn(move || {
-                let mine = || thread_nice(|comm| comm == "md5-prio-test").unwrap();
-                // Lowering one's own priority needs no privilege. SAFETY: on this thread's own id.
-                assert_eq!(unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::syscall(libc::SYS_gettid) as libc::id_t, my_nice().max(5)) }, 0);
-                let base = my_nice();
-                let raised = if allowed { (base + HASH_NICE).max(-20) } else { base };
-                let mut p = Priority::of_this_thread();
-                for (uploads, want) in [(1, raised), (2, raised), (3, base), (8, base), (2, raised), (0, raised)] {
-                    p.set_for(uploads);
-                    assert_eq!(mine(), want, "{uploads} uploads in flight");
-                }
-            })
-            .unwrap()
-            .join()
-            .unwrap();
+        std::thread::spawn(move || {
+            // Lowering one's own priority needs no privilege. SAFETY: on this thread's own id.
+            assert_eq!(unsafe { libc::setpriority(libc::PRIO_PROCESS, this_tid(), my_nice().max(5)) }, 0);
+            let base = my_nice();
+            let raised = if allowed { base + HASH_NICE } else { base };
+            let mut p = Priority::of_this_thread();
+            for (uploads, want) in [(1, raised), (2, raised), (3, base), (8, base), (2, raised), (0, raised)] {
+                p.set_for(uploads);
+                assert_eq!(my_nice(), want, "{uploads} uploads in flight");
+            }
+        })
+        .join()
+        .unwrap();
     }
 
     /// The hashing thread hashes an upload alone [`HASH_NICE`] below the process's nice value
     /// where the process may raise priorities (root, as the appliance and CI run), else at it.
     #[test]
     fn the_hashing_thread_runs_ahead_where_allowed() {
-        let nice = || thread_nice(|comm| comm == "aquifer-md5").expect("the hashing thread is running");
+        let nice = || nice_of(thread_named("aquifer-md5").expect("the hashing thread is running")).unwrap();
         // The hashing thread starts at the nice value of the test thread that spawned it,
         // this process's.
         let base = my_nice();
-        let want = if may_raise() { (base + HASH_NICE).max(-20) } else { base };
+        let want = if may_raise() { raised_nice(base) } else { base };
         // Other tests' uploads may share the lanes meanwhile (the default priority); once an
         // upload is hashed alone the thread runs at `want`.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
