@@ -22,7 +22,7 @@
 //!   and a GET of the same objects read again (after two more unmeasured GETs: Aquifer's data
 //!   cache keeps a shard once twice its data was read; s3s-fs reads through the page cache);
 //! - PUT then GET of 4 KiB objects, 1 and 8 streams (operations/s), 6,000 a phase
-//!   (`S3_BENCH_SMALL_OBJECTS`);
+//!   (`S3_BENCH_SMALL_OBJECTS`); `S3_BENCH_ROWS=large` or `small` measures only those rows;
 //! - ListObjectsV2 of a bucket of 100,000 keys (`S3_BENCH_LIST_KEYS`), 1000 keys a page:
 //!   seconds to list them all (a listing is stopped after `LIST_SECS_MAX` and shown as "> s");
 //! - in each round, MD5 on one core: a one-stream PUT cannot outrun the hash of its ETag.
@@ -323,10 +323,11 @@ fn plural(streams: usize) -> &'static str {
 
 /// PUT then GET of large and of small objects, under keys of their own for `round`; the large
 /// objects are deleted again.
-async fn measure_round(c: &Client, round: usize, small_objects: usize) -> Result<Rows> {
+async fn measure_round(c: &Client, round: usize, small_objects: usize, phases: Phases) -> Result<Rows> {
     let mut r = Rows::new();
     let large = Bytes::from((0..LARGE_BYTES).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>());
-    for (streams, n) in [(1, LARGE_OBJECTS_ONE_STREAM), (8, 8 * LARGE_OBJECTS_PER_STREAM_OF_8)] {
+    let large_phases: &[(usize, usize)] = if phases.large { &[(1, LARGE_OBJECTS_ONE_STREAM), (8, 8 * LARGE_OBJECTS_PER_STREAM_OF_8)] } else { &[] };
+    for &(streams, n) in large_phases {
         let (cc, body) = (c.clone(), large.clone());
         let t = parallel(streams, n, move |i| {
             let (cc, body) = (cc.clone(), body.clone());
@@ -359,7 +360,8 @@ async fn measure_round(c: &Client, round: usize, small_objects: usize) -> Result
         }
     }
     let small = Bytes::from(vec![7u8; SMALL_BYTES]);
-    for streams in [1, 8] {
+    let small_phases: &[usize] = if phases.small { &[1, 8] } else { &[] };
+    for &streams in small_phases {
         let (cc, body) = (c.clone(), small.clone());
         let t = parallel(streams, small_objects, move |i| {
             let (cc, body) = (cc.clone(), body.clone());
@@ -539,6 +541,24 @@ fn fmt_value(v: f64) -> String {
     if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.2}") }
 }
 
+/// Which object sizes a round measures (`S3_BENCH_ROWS`: `large`, `small`, or both when unset).
+#[derive(Clone, Copy)]
+struct Phases {
+    large: bool,
+    small: bool,
+}
+
+impl Phases {
+    fn from_env() -> Result<Phases> {
+        match std::env::var("S3_BENCH_ROWS").as_deref() {
+            Err(_) | Ok("") | Ok("all") => Ok(Phases { large: true, small: true }),
+            Ok("large") => Ok(Phases { large: true, small: false }),
+            Ok("small") => Ok(Phases { large: false, small: true }),
+            Ok(other) => bail!("S3_BENCH_ROWS is `large`, `small` or `all`, not `{other}`"),
+        }
+    }
+}
+
 /// One round: the loopback limit with 1 and 8 streams, the disk's (write, read), and both
 /// servers' rows.
 struct Round {
@@ -560,6 +580,7 @@ fn main() -> Result<()> {
     let rounds = env_count("S3_BENCH_ROUNDS", ROUNDS_DEFAULT).max(1);
     let small_objects = env_count("S3_BENCH_SMALL_OBJECTS", SMALL_OBJECTS_DEFAULT).max(1);
     let keys = env_count("S3_BENCH_LIST_KEYS", LIST_KEYS_DEFAULT);
+    let phases = Phases::from_env()?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     // Both servers run for the whole measurement; only one is ever sent requests.
     let aquifer = start_aquifer()?;
@@ -583,11 +604,11 @@ fn main() -> Result<()> {
         );
         // The order alternates, so that neither server always runs first after iperf3.
         let (a, s) = if round % 2 == 0 {
-            let a = rt.block_on(measure_round(&ca, round, small_objects))?;
-            (a, rt.block_on(measure_round(&cs, round, small_objects))?)
+            let a = rt.block_on(measure_round(&ca, round, small_objects, phases))?;
+            (a, rt.block_on(measure_round(&cs, round, small_objects, phases))?)
         } else {
-            let s = rt.block_on(measure_round(&cs, round, small_objects))?;
-            (rt.block_on(measure_round(&ca, round, small_objects))?, s)
+            let s = rt.block_on(measure_round(&cs, round, small_objects, phases))?;
+            (rt.block_on(measure_round(&ca, round, small_objects, phases))?, s)
         };
         for ((label, av), (_, sv)) in a.iter().zip(&s) {
             eprintln!("round {}: {label}: Aquifer {} s3s-fs {} ({:.2}×)", round + 1, fmt_value(*av), fmt_value(*sv), av / sv);
