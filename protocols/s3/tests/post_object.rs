@@ -174,3 +174,39 @@ async fn a_form_its_policy_refuses_changes_nothing() {
     assert_eq!(s.call("GET", "/forms/foo.txt", &[], vec![]).await, (200, "content".to_string()));
     s.stop().await;
 }
+
+/// A form whose body arrives a byte at a time (`Transfer-Encoding: chunked`, every byte a
+/// chunk of its own) is read in time linear in its size: half a MiB of fields before the file
+/// is stored in seconds. The listener reads the fields before anybody is authenticated, and
+/// reading the whole form again at every chunk took it minutes of a core per such request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_form_sent_a_byte_at_a_time_is_read_in_linear_time() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/forms", &[], vec![]).await.0, 200);
+    // `x-ignore-` fields need no policy condition.
+    let pad = "p".repeat(512 * 1024);
+    let mut f = fields(&[("key", "trickled.txt"), ("x-ignore-padding", &pad)]);
+    f.extend(signed(&s, FUTURE, vec![json!({"bucket": "forms"}), json!(["eq", "$key", "trickled.txt"])]));
+    let (ct, body) = form(&f, "t.txt", b"arrived a byte at a time");
+    let addr = s.endpoint().trim_start_matches("http://").to_string();
+    let mut wire = format!("POST /forms HTTP/1.1\r\nHost: {addr}\r\nContent-Type: {ct}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n").into_bytes();
+    for b in &body {
+        wire.extend_from_slice(b"1\r\n");
+        wire.push(*b);
+        wire.extend_from_slice(b"\r\n");
+    }
+    wire.extend_from_slice(b"0\r\n\r\n");
+    let exchange = async {
+        let mut conn = tokio::net::TcpStream::connect(&addr).await?;
+        conn.write_all(&wire).await?;
+        let mut answer = Vec::new();
+        conn.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(60), exchange).await.expect("the form was answered within a minute").expect("exchange");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+    let (st, got) = s.call("GET", "/forms/trickled.txt", &[], vec![]).await;
+    assert_eq!((st, got.as_str()), (200, "arrived a byte at a time"));
+}
