@@ -438,7 +438,7 @@ async fn serve_all(engine: Arc<Engine>, listen: Listeners, data_dir: PathBuf) ->
         async move { ("REST", f.await.map_err(anyhow::Error::from)) }
     });
     tasks.spawn({
-        let opts = aquifer_s3::S3Options { domain: listen.s3_domain.clone(), lifecycle_day_secs: listen.s3_lifecycle_day_secs };
+        let opts = aquifer_s3::S3Options { domain: listen.s3_domain.clone(), lifecycle_day_secs: listen.s3_lifecycle_day_secs, body_idle_timeout_ms: None };
         let f = aquifer_s3::serve(engine.clone(), s3, opts, stopped());
         async move { ("S3", f.await) }
     });

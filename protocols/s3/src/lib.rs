@@ -56,4 +56,8 @@ pub struct S3Options {
     /// Length of a lifecycle day in seconds; `None` is a real day (86,400). Shorter days
     /// are for trying lifecycle rules out (`aquifer serve --s3-lifecycle-day-secs`).
     pub lifecycle_day_secs: Option<u64>,
+    /// How long a request's body may go without a byte arriving before the request fails with
+    /// `400 RequestTimeout` and its connection is closed; `None` is
+    /// [`server::BODY_IDLE_TIMEOUT_MS`].
+    pub body_idle_timeout_ms: Option<u64>,
 }

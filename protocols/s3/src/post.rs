@@ -21,7 +21,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use hyper::body::{Body as _, Frame, Incoming};
+use hyper::body::Frame;
 use s3s::post_policy::{PostPolicy, PostPolicyCondition};
 use s3s::{S3Error, S3ErrorCode};
 
@@ -127,7 +127,10 @@ fn refuse(code: S3ErrorCode, msg: impl Into<String>) -> S3Error {
 /// Reads and checks the form's fields; answers the request to hand s3s (the same form, with
 /// `${filename}` replaced in `key`, a [`PostForm`] extension and, for a form S3 refuses, a
 /// [`PostRefusal`]) or the S3 error to answer for a form that cannot be read.
-pub(crate) async fn prepare(req: http::Request<Incoming>, bucket: &str) -> Result<http::Request<s3s::Body>, S3Error> {
+pub(crate) async fn prepare<B>(req: http::Request<B>, bucket: &str) -> Result<http::Request<s3s::Body>, S3Error>
+where
+    B: hyper::body::Body<Data = Bytes, Error = s3s::StdError> + Send + Sync + Unpin + 'static,
+{
     let boundary = boundary_of(req.headers())?;
     let (mut parts, mut body) = req.into_parts();
     let mut buf: Vec<u8> = Vec::new();
@@ -192,7 +195,7 @@ pub(crate) async fn prepare(req: http::Request<Incoming>, bucket: &str) -> Resul
         parts.extensions.insert(refusal);
     }
     let replay = Replay { first: Some(Bytes::from(prefix)), rest: body };
-    Ok(http::Request::from_parts(parts, s3s::Body::http_body_unsync(replay)))
+    Ok(http::Request::from_parts(parts, s3s::Body::http_body(replay)))
 }
 
 /// When [`prepare`] reads the form from the start again, looking for the file part: once
@@ -467,16 +470,16 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
 }
 
 /// The bytes already read, then the rest of the body.
-struct Replay {
+struct Replay<B> {
     first: Option<Bytes>,
-    rest: Incoming,
+    rest: B,
 }
 
-impl hyper::body::Body for Replay {
+impl<B: hyper::body::Body<Data = Bytes, Error = s3s::StdError> + Unpin> hyper::body::Body for Replay<B> {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = s3s::StdError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, s3s::StdError>>> {
         if let Some(first) = self.first.take() {
             return Poll::Ready(Some(Ok(Frame::data(first))));
         }

@@ -1,5 +1,6 @@
 //! The listener loop: HTTP/1.1 and HTTP/2 through hyper-util, a bound on open connections,
-//! a header-read timeout and graceful shutdown. s3s's error type is not `Infallible`, so S3
+//! a header-read timeout, a limit on how long a request body may stall ([`IdleLimited`]) and
+//! graceful shutdown. s3s's error type is not `Infallible`, so S3
 //! gets its own listener rather than a route in another server.
 
 use std::future::Future;
@@ -29,6 +30,8 @@ struct RequestIds {
     peer: Option<std::net::IpAddr>,
     /// The virtual-host domain, to tell which POSTs address a bucket (browser uploads).
     domain: Option<Arc<str>>,
+    /// How long a request body may go without a byte ([`IdleLimited`]).
+    body_idle: Duration,
 }
 
 impl hyper::service::Service<http::Request<hyper::body::Incoming>> for RequestIds {
@@ -43,21 +46,25 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for RequestId
         }
         let body_may_be_unread = http1_with_body(&req);
         let form_bucket = crate::post::form_upload_bucket(&req, self.domain.as_deref());
+        let idle = self.body_idle;
+        let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let req = req.map(|body| IdleLimited::new(body, idle, stalled.clone()));
+        let s3 = self.inner.clone();
         let inner: Self::Future = match form_bucket {
             // A browser upload: its form is checked as S3 does before s3s takes it.
-            Some(bucket) => {
-                let s3 = self.inner.clone();
-                Box::pin(async move {
-                    match crate::post::prepare(req, &bucket).await {
-                        Ok(req) => s3.call(req).await,
-                        Err(e) => Ok(error_response(&e)),
-                    }
-                })
-            }
-            None => Box::pin(hyper::service::Service::call(&self.inner, req)),
+            Some(bucket) => Box::pin(async move {
+                match crate::post::prepare(req, &bucket).await {
+                    Ok(req) => s3.call(req).await,
+                    Err(e) => Ok(error_response(&e)),
+                }
+            }),
+            None => Box::pin(async move { s3.call(req.map(s3s::Body::http_body)).await }),
         };
         Box::pin(async move {
             let mut resp = inner.await?;
+            if stalled.load(std::sync::atomic::Ordering::Relaxed) && (resp.status().is_client_error() || resp.status().is_server_error()) {
+                resp = stalled_response();
+            }
             let id = new_request_id();
             if resp.status().is_client_error() || resp.status().is_server_error() {
                 tracing::debug!(request_id = %id, %method, %path, status = resp.status().as_u16(), "S3 request failed");
@@ -153,6 +160,98 @@ fn tag_response(resp: &mut s3s::HttpResponse, id: &str) {
     *resp.body_mut() = s3s::Body::from(bytes::Bytes::from(out));
 }
 
+/// A request body that fails with [`BodyStalled`] once no byte of it has arrived for its
+/// idle limit while the request waits for one. Without it a client could start a body and
+/// stop sending, holding its connection (one of [`CONNECTIONS_MAX`]) and what the request
+/// holds for ever; a browser upload's form is read before anyone is authenticated, so that
+/// needed no key. The limit counts only while the request waits for the body: a wait that
+/// is found to have ended well after its deadline was not being watched (the request was
+/// busy elsewhere, so the client may have been held back) and starts again.
+pub(crate) struct IdleLimited<B> {
+    inner: B,
+    idle: Duration,
+    /// Set when the body stalled, for the request's answer ([`stalled_response`]).
+    stalled: Arc<std::sync::atomic::AtomicBool>,
+    /// Armed at the first wait after a frame; `None` until a wait needs it.
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    armed: bool,
+}
+
+/// How late past its deadline a body's idle timer may be polled and still count as a stall.
+const BODY_IDLE_LATE_MS: u64 = 1_000;
+
+impl<B> IdleLimited<B> {
+    pub(crate) fn new(inner: B, idle: Duration, stalled: Arc<std::sync::atomic::AtomicBool>) -> IdleLimited<B> {
+        IdleLimited { inner, idle, stalled, timer: None, armed: false }
+    }
+}
+
+impl<B> hyper::body::Body for IdleLimited<B>
+where
+    B: hyper::body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<s3s::StdError>,
+{
+    type Data = bytes::Bytes;
+    type Error = s3s::StdError;
+
+    fn poll_frame(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, s3s::StdError>>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            this.armed = false;
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        let idle = this.idle;
+        let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        let now = tokio::time::Instant::now();
+        if !this.armed {
+            timer.as_mut().reset(now + idle);
+            this.armed = true;
+        }
+        if timer.as_mut().poll(cx).is_ready() {
+            if now <= timer.deadline() + Duration::from_millis(BODY_IDLE_LATE_MS) {
+                this.stalled.store(true, std::sync::atomic::Ordering::Relaxed);
+                return Poll::Ready(Some(Err(Box::new(BodyStalled(idle)))));
+            }
+            timer.as_mut().reset(now + idle);
+            let _ = timer.as_mut().poll(cx);
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A request body's error: no byte arrived for this long.
+#[derive(Debug)]
+pub(crate) struct BodyStalled(pub Duration);
+
+impl std::fmt::Display for BodyStalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no byte of the request body arrived for {} s", self.0.as_secs_f64())
+    }
+}
+
+impl std::error::Error for BodyStalled {}
+
+/// The answer to a request whose body stalled, whatever the handler made of the failed read:
+/// `400 RequestTimeout`, in S3's words.
+fn stalled_response() -> s3s::HttpResponse {
+    error_response(&s3s::S3Error::with_message(
+        s3s::S3ErrorCode::RequestTimeout,
+        "Your socket connection to the server was not read from or written to within the timeout period.",
+    ))
+}
+
+/// How long a request body may go without a byte by default (S3 allows about 20 s).
+pub const BODY_IDLE_TIMEOUT_MS: u64 = 30_000;
+
 /// Open connections at most; further ones wait in the listen backlog.
 pub const CONNECTIONS_MAX: usize = 1024;
 /// How long shutdown waits for requests in flight before closing their connections.
@@ -184,7 +283,12 @@ pub async fn serve(
             let host = s3s::host::SingleDomain::new(domain).with_context(|| format!("use S3 domain {domain}"))?;
             b.set_host(host);
         }
-        RequestIds { inner: b.build(), peer: None, domain: opts.domain.as_deref().map(Arc::from) }
+        RequestIds {
+            inner: b.build(),
+            peer: None,
+            domain: opts.domain.as_deref().map(Arc::from),
+            body_idle: Duration::from_millis(opts.body_idle_timeout_ms.unwrap_or(BODY_IDLE_TIMEOUT_MS)),
+        }
     };
     // Lifecycle rules are carried out by the S3 listener's own task, which ends with it.
     let (lifecycle_stop, stopped) = tokio::sync::watch::channel(false);
@@ -233,4 +337,70 @@ pub async fn serve(
         tracing::warn!("S3 requests still in flight after the shutdown grace period; closing them");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::Poll;
+
+    use bytes::Bytes;
+    use hyper::body::{Body, Frame};
+
+    use super::*;
+
+    /// A body whose frames the test hands in.
+    struct Chan(tokio::sync::mpsc::Receiver<Bytes>);
+
+    impl Body for Chan {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    /// What one poll of the body gives: `None` while it waits, else whether a frame came.
+    async fn poll_once(body: &mut IdleLimited<Chan>) -> Option<Result<Bytes, String>> {
+        poll_fn(|cx| {
+            Poll::Ready(match Pin::new(&mut *body).poll_frame(cx) {
+                Poll::Pending => None,
+                Poll::Ready(Some(Ok(f))) => Some(Ok(f.into_data().expect("data"))),
+                Poll::Ready(Some(Err(e))) => Some(Err(e.to_string())),
+                Poll::Ready(None) => Some(Err("ended".into())),
+            })
+        })
+        .await
+    }
+
+    /// The limit counts from the last frame while the request waits; a wait the request left
+    /// (it was busy elsewhere) starts again when it comes back; a full idle wait fails the body
+    /// and marks the request.
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_limit_counts_only_while_the_request_waits() {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let stalled = Arc::new(AtomicBool::new(false));
+        let mut body = IdleLimited::new(Chan(rx), Duration::from_secs(10), stalled.clone());
+        assert_eq!(poll_once(&mut body).await, None);
+        tokio::time::advance(Duration::from_secs(9)).await;
+        tx.send(Bytes::from_static(b"a")).await.unwrap();
+        assert_eq!(poll_once(&mut body).await, Some(Ok(Bytes::from_static(b"a"))));
+        // Waits again from here; 9 s more is still within the limit.
+        assert_eq!(poll_once(&mut body).await, None);
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(poll_once(&mut body).await, None);
+        // The request goes elsewhere for 30 s, then comes back: a new wait, no failure.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert_eq!(poll_once(&mut body).await, None);
+        assert!(!stalled.load(Ordering::Relaxed));
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(poll_once(&mut body).await, None);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let failed = poll_once(&mut body).await;
+        assert!(matches!(&failed, Some(Err(e)) if e.contains("no byte of the request body arrived for 10 s")), "{failed:?}");
+        assert!(stalled.load(Ordering::Relaxed));
+    }
 }

@@ -424,3 +424,79 @@ async fn a_body_that_fails_its_content_md5_changes_nothing() {
     }
     s.stop().await;
 }
+
+/// Reads a socket until the server closes it (at most `limit`): what the server answered.
+async fn answer_until_closed(tcp: &mut tokio::net::TcpStream, limit: Duration) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(limit, tcp.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the connection was still open after {limit:?}; read so far: {}", String::from_utf8_lossy(&answer));
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A PUT whose body stops arriving half-way is answered `400 RequestTimeout` once its body
+/// has been idle for the limit, its connection is closed, and it leaves no object and no
+/// space used; a body that arrives slowly but steadily is not cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_whose_body_stalls_times_out_and_leaves_nothing() {
+    let s = common::start_with(aquifer_s3::S3Options { body_idle_timeout_ms: Some(1_000), ..Default::default() }).await;
+    assert_eq!(s.call("PUT", "/bkt", &[], vec![]).await.0, 200);
+    let before = s.used_bytes().await;
+    let full = vec![42u8; 4 << 20];
+    let head = signed_put_head(&s, "/bkt/stalled", &full, "");
+    let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(&full[..1 << 20]).await.unwrap();
+    let started = std::time::Instant::now();
+    let answer = answer_until_closed(&mut tcp, Duration::from_secs(20)).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("<Code>RequestTimeout</Code>"), "{answer}");
+    assert!(started.elapsed() >= Duration::from_millis(900), "answered after {:?}, before the body was idle for a second", started.elapsed());
+    let mut settled = false;
+    for _ in 0..100 {
+        if s.used_bytes().await == before {
+            settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(settled, "space used before {before}, after {}", s.used_bytes().await);
+    assert_eq!(s.call("HEAD", "/bkt/stalled", &[], vec![]).await.0, 404);
+
+    // Ten bytes, one every 400 ms: slower than the limit in all, never idle for it.
+    let body = b"0123456789".to_vec();
+    let head = signed_put_head(&s, "/bkt/slow", &body, "");
+    let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    for b in &body {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        tcp.write_all(&[*b]).await.unwrap();
+    }
+    let mut answer = [0u8; 12];
+    use tokio::io::AsyncReadExt;
+    tcp.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200");
+    let (st, got) = s.call("GET", "/bkt/slow", &[], vec![]).await;
+    assert_eq!((st, got.as_bytes()), (200, &body[..]));
+    s.stop().await;
+}
+
+/// A browser upload's form is read before anyone is authenticated: a client that starts one
+/// and stops sending gets `400 RequestTimeout` and its connection closed once the body has
+/// been idle for the limit, instead of holding the connection for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_form_that_stalls_is_cut_off() {
+    let s = common::start_with(aquifer_s3::S3Options { body_idle_timeout_ms: Some(1_000), ..Default::default() }).await;
+    assert_eq!(s.call("PUT", "/forms", &[], vec![]).await.0, 200);
+    let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let head = format!(
+        "POST /forms HTTP/1.1\r\nhost: {}\r\ncontent-type: multipart/form-data; boundary=XyZ\r\ncontent-length: 100000\r\n\r\n--XyZ\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\nhalf",
+        s.addr
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let answer = answer_until_closed(&mut tcp, Duration::from_secs(20)).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("<Code>RequestTimeout</Code>"), "{answer}");
+    assert_eq!(s.call("HEAD", "/forms/half", &[], vec![]).await.0, 404);
+    s.stop().await;
+}
