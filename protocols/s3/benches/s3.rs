@@ -23,7 +23,7 @@
 //!   cache keeps a shard once twice its data was read; s3s-fs reads through the page cache);
 //! - PUT then GET of 4 KiB objects, 1 and 8 streams (operations/s), 6,000 a phase
 //!   (`S3_BENCH_SMALL_OBJECTS`); `S3_BENCH_ROWS=large` or `small` measures only those rows;
-//! - ListObjectsV2 of a bucket of 100,000 keys (`S3_BENCH_LIST_KEYS`), 1000 keys a page:
+//! - ListObjectsV2 of a bucket of 100,000 keys (`S3_BENCH_LIST_KEYS`, 0 leaves it out), 1000 keys a page:
 //!   seconds to list them all (a listing is stopped after `LIST_SECS_MAX` and shown as "> s");
 //! - in each round, MD5 on one core: a one-stream PUT cannot outrun the hash of its ETag.
 //!
@@ -615,8 +615,8 @@ fn main() -> Result<()> {
         }
         measured.push(Round { tcp1, tcp8, disk, md5, aquifer: a, s3s: s });
     }
-    let (al, a_stopped) = rt.block_on(measure_list(&aquifer, keys))?;
-    let (sl, s_stopped) = rt.block_on(measure_list(&s3s, keys))?;
+    // `S3_BENCH_LIST_KEYS=0` leaves the listing out.
+    let listed = if keys > 0 { Some((rt.block_on(measure_list(&aquifer, keys))?, rt.block_on(measure_list(&s3s, keys))?)) } else { None };
     drop(aquifer);
     drop(s3s);
 
@@ -688,17 +688,19 @@ fn main() -> Result<()> {
             MD5_BYTES / MIB
         ));
     }
-    let list_value = |v: f64, stopped: bool| if stopped { format!("> {}", fmt_value(v)) } else { fmt_value(v) };
-    let list_ratio = match (a_stopped, s_stopped) {
-        (false, false) => format!("{:.2}×", al / sl),
-        (false, true) => format!("< {:.3}×", al / sl),
-        _ => "n/a".to_string(),
-    };
-    println!(
-        "| ListObjectsV2 of {keys} keys, {LIST_PAGE_KEYS} a page (s, once) | {} | {} | {list_ratio} | | | | | | | |",
-        list_value(al, a_stopped),
-        list_value(sl, s_stopped)
-    );
+    if let Some(((al, a_stopped), (sl, s_stopped))) = listed {
+        let list_value = |v: f64, stopped: bool| if stopped { format!("> {}", fmt_value(v)) } else { fmt_value(v) };
+        let list_ratio = match (a_stopped, s_stopped) {
+            (false, false) => format!("{:.2}×", al / sl),
+            (false, true) => format!("< {:.3}×", al / sl),
+            _ => "n/a".to_string(),
+        };
+        println!(
+            "| ListObjectsV2 of {keys} keys, {LIST_PAGE_KEYS} a page (s, once) | {} | {} | {list_ratio} | | | | | | | |",
+            list_value(al, a_stopped),
+            list_value(sl, s_stopped)
+        );
+    }
     for line in post {
         println!();
         println!("{line}");
