@@ -32,7 +32,7 @@ use axum::routing::{MethodFilter, on};
 use storage_engine::Engine;
 
 pub use error::ApiError;
-pub use server::{CONNECTIONS_MAX, HEADER_READ_TIMEOUT_MS, serve, serve_hooks, serve_with};
+pub use server::{BODY_IDLE_TIMEOUT_MS, CONNECTIONS_MAX, HEADER_READ_TIMEOUT_MS, ServeOptions, serve, serve_hooks, serve_opts, serve_with};
 
 /// Largest JSON request body. File uploads stream and are not bound by it.
 pub const JSON_BODY_BYTES_MAX: usize = 1 << 20;

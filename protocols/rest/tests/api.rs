@@ -440,6 +440,48 @@ async fn dropped_upload_leaves_nothing_visible() {
     s.stop().await;
 }
 
+/// An upload whose body stops arriving is answered `408` once it has been idle for the limit,
+/// its connection is closed and nothing is left staged; one that arrives slowly but steadily
+/// is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upload_times_out_and_a_slow_one_does_not() {
+    use tokio::io::AsyncReadExt;
+    let s = start_opts(aquifer_rest::ServeOptions { body_idle_timeout_ms: Some(1_000) }).await;
+    let files_before = s.file_count().await;
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let head = format!("PUT /api/v1/files/stalled.bin HTTP/1.1\r\nHost: aquifer\r\n{}Content-Length: {}\r\n\r\n", s.basic_header(), 4 * MIB);
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(&random_bytes(MIB, 7)).await.unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the connection was still open after 20 s: {}", String::from_utf8_lossy(&answer));
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    assert!(started.elapsed() >= Duration::from_millis(900), "answered after {:?}", started.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.file_count().await != files_before {
+        assert!(Instant::now() < deadline, "the stalled upload was not aborted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(s.get_file("/stalled.bin").await.0, 404);
+
+    // Ten bytes, one every 400 ms: slower than the limit in all, never idle for it.
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let head = format!("PUT /api/v1/files/slow.bin HTTP/1.1\r\nHost: aquifer\r\n{}Content-Length: 10\r\n\r\n", s.basic_header());
+    conn.write_all(head.as_bytes()).await.unwrap();
+    for b in b"0123456789" {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        conn.write_all(&[*b]).await.unwrap();
+    }
+    let mut status = [0u8; 10];
+    conn.read_exact(&mut status).await.unwrap();
+    assert!(status.starts_with(b"HTTP/1.1 2"), "{}", String::from_utf8_lossy(&status));
+    assert_eq!(s.get_file("/slow.bin").await.1, b"0123456789");
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scrub_and_rebuild_jobs_run_to_completion() {
     let s = start().await;

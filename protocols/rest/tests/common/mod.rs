@@ -29,6 +29,10 @@ pub struct Server {
 }
 
 pub async fn start() -> Server {
+    start_opts(aquifer_rest::ServeOptions::default()).await
+}
+
+pub async fn start_opts(opts: aquifer_rest::ServeOptions) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = EngineConfig::with_file_drives(dir.path(), DRIVES, DRIVE_BYTES, 4, 2);
     cfg.admin_password = Some(ADMIN_PASSWORD.into());
@@ -37,7 +41,7 @@ pub async fn start() -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(aquifer_rest::serve(engine.clone(), listener, async move {
+    let task = tokio::spawn(aquifer_rest::serve_opts(engine.clone(), aquifer_rest::Hooks::default(), opts, listener, async move {
         let _ = stopped.await;
     }));
     Server { addr, engine, http: reqwest::Client::new(), stop: Some(stop), task: Some(task), dir }
