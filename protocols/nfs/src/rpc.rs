@@ -24,6 +24,8 @@ pub const INFLIGHT_REQUESTS_MAX: usize = 32;
 const REPLY_QUEUE_MAX: usize = 64;
 /// Open client connections; further connections wait in the accept queue.
 const CONNECTIONS_MAX: usize = 1024;
+/// Bytes a connection reads from its socket at a time, for record marks and small calls.
+const READ_BUFFER_BYTES: usize = 16 * 1024;
 /// Replies up to this size are written by the call's own task when no other reply is being
 /// written; larger ones (READ data) always go through the connection's writer.
 const DIRECT_REPLY_BYTES_MAX: usize = 64 * 1024;
@@ -160,7 +162,12 @@ pub(crate) async fn accept_loop(
 }
 
 async fn connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr) -> anyhow::Result<()> {
-    let (mut rd, wr) = stream.into_split();
+    let (rd, wr) = stream.into_split();
+    // Record marks and small calls come out of this buffer rather than a read of the socket
+    // each: a record sent as many small fragments (a byte each, say) cost two system calls a
+    // fragment. A large fragment's bytes past the buffered ones are read straight into the
+    // record.
+    let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, rd);
     // Each reply is a whole record, its mark included, written under this lock. A small reply
     // is written by its call's task when the lock is free: handing it to the writer task
     // would cost a wake-up of another thread per call, which is most of a metadata call's

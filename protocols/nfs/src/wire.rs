@@ -29,8 +29,14 @@ pub async fn read_record(rd: &mut (impl AsyncReadExt + Unpin)) -> anyhow::Result
         if record.len() + len > RECORD_BYTES_MAX {
             anyhow::bail!("record of more than {RECORD_BYTES_MAX} bytes refused");
         }
-        // Read into the spare capacity: a 1 MiB WRITE's record is not zeroed first.
-        record.reserve_exact(len);
+        // Read into the spare capacity: a 1 MiB WRITE's record is not zeroed first. The first
+        // fragment (most records have one) is reserved exactly; later ones grow the buffer by
+        // doubling, so that a record sent as many small fragments is not reallocated for each.
+        if record.is_empty() {
+            record.reserve_exact(len);
+        } else {
+            record.reserve(len);
+        }
         let mut fragment = (&mut *rd).take(len as u64);
         while fragment.limit() > 0 {
             if fragment.read_buf(&mut record).await? == 0 {
