@@ -25,7 +25,7 @@ use storage_engine::Engine;
 use tokio::net::TcpListener;
 
 pub use exports::{EXPORT_CLIENTS_MAX, EXPORT_SETTING_NS, ExportError, ExportInfo, ExportPatch, ExportSource, ExportTable};
-pub use rpc::{INFLIGHT_REQUESTS_MAX, RECORD_BYTES_MAX};
+pub use rpc::{IDLE_CONNECTION_TIMEOUT_MS, INFLIGHT_REQUESTS_MAX, RECORD_BYTES_MAX};
 
 /// Largest READ or WRITE payload the server offers and accepts, in bytes.
 pub const IO_BYTES_MAX: u32 = 1 << 20;
@@ -59,8 +59,29 @@ pub async fn serve_table(
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
+    serve_table_opts(exports, ServeOptions::default(), listener, shutdown).await
+}
+
+/// Limits of the service beyond its constants.
+#[derive(Clone, Debug, Default)]
+pub struct ServeOptions {
+    /// A connection with no call in progress that completes no call for this long is closed
+    /// (clients reconnect when they next need the server, as they do with the Linux kernel
+    /// server, which closes idle connections after about six minutes); `None` is
+    /// [`IDLE_CONNECTION_TIMEOUT_MS`].
+    pub idle_connection_timeout_ms: Option<u64>,
+}
+
+/// [`serve_table`] with limits other than the defaults.
+pub async fn serve_table_opts(
+    exports: ExportTable,
+    opts: ServeOptions,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let idle = std::time::Duration::from_millis(opts.idle_connection_timeout_ms.unwrap_or(IDLE_CONNECTION_TIMEOUT_MS));
     let state = Arc::new(proc::State::new(exports));
-    rpc::accept_loop(state, listener, shutdown).await
+    rpc::accept_loop(state, idle, listener, shutdown).await
 }
 
 /// Binds `addr` and runs [`serve`] on it.

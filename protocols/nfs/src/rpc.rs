@@ -26,6 +26,10 @@ const REPLY_QUEUE_MAX: usize = 64;
 const CONNECTIONS_MAX: usize = 1024;
 /// Bytes a connection reads from its socket at a time, for record marks and small calls.
 const READ_BUFFER_BYTES: usize = 16 * 1024;
+/// A connection with no call in progress that completes no call for this long is closed, so
+/// that connections nobody uses (or that stopped in the middle of a record) do not hold the
+/// [`CONNECTIONS_MAX`] slots for ever. Six minutes, as the Linux kernel server.
+pub const IDLE_CONNECTION_TIMEOUT_MS: u64 = 360_000;
 /// Replies up to this size are written by the call's own task when no other reply is being
 /// written; larger ones (READ data) always go through the connection's writer.
 const DIRECT_REPLY_BYTES_MAX: usize = 64 * 1024;
@@ -120,6 +124,7 @@ pub(crate) fn packed<T: Pack>(v: &T) -> Reply {
 
 pub(crate) async fn accept_loop(
     state: Arc<State>,
+    idle: std::time::Duration,
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
@@ -149,7 +154,7 @@ pub(crate) async fn accept_loop(
                 conns.spawn(async move {
                     let _permit = permit;
                     let _ = stream.set_nodelay(true);
-                    if let Err(e) = connection(state, stream, peer).await {
+                    if let Err(e) = connection(state, stream, peer, idle).await {
                         debug!(%peer, "NFS connection closed: {e}");
                     }
                 });
@@ -161,13 +166,20 @@ pub(crate) async fn accept_loop(
     Ok(())
 }
 
-async fn connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr) -> anyhow::Result<()> {
+/// Reads the next record, handing the reader back with it, so that a wait for it can be
+/// kept across other events instead of being cancelled part-way through a record.
+async fn next_record<R: tokio::io::AsyncRead + Unpin>(mut rd: R) -> (R, anyhow::Result<Option<Vec<u8>>>) {
+    let r = read_record(&mut rd).await;
+    (rd, r)
+}
+
+async fn connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr, idle: std::time::Duration) -> anyhow::Result<()> {
     let (rd, wr) = stream.into_split();
     // Record marks and small calls come out of this buffer rather than a read of the socket
     // each: a record sent as many small fragments (a byte each, say) cost two system calls a
     // fragment. A large fragment's bytes past the buffered ones are read straight into the
     // record.
-    let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, rd);
+    let rd = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, rd);
     // Each reply is a whole record, its mark included, written under this lock. A small reply
     // is written by its call's task when the lock is free: handing it to the writer task
     // would cost a wake-up of another thread per call, which is most of a metadata call's
@@ -187,9 +199,32 @@ async fn connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr) -> a
     let inflight = Arc::new(Semaphore::new(INFLIGHT_REQUESTS_MAX));
     let reader = async {
         let mut calls = JoinSet::new();
+        let mut pending = Box::pin(next_record(rd));
+        // One timer a connection, moved only when it fires: a timer armed for every call
+        // cost the metadata calls of a busy connection a wake-up of the timer's thread each.
+        let mut last_call = tokio::time::Instant::now();
+        let quiet = tokio::time::sleep(idle);
+        tokio::pin!(quiet);
         loop {
             while calls.try_join_next().is_some() {}
-            let Some(record) = read_record(&mut rd).await? else { break };
+            let (rd, read) = tokio::select! {
+                biased;
+                out = &mut pending => out,
+                _ = &mut quiet => {
+                    let now = tokio::time::Instant::now();
+                    if calls.is_empty() && now >= last_call + idle {
+                        debug!(%peer, "closing an NFS connection idle for {} s", idle.as_secs());
+                        break;
+                    }
+                    // Calls came, or are still running: the connection is in use.
+                    let from = if calls.is_empty() { last_call } else { now };
+                    quiet.as_mut().reset((from + idle).max(now + std::time::Duration::from_millis(1)));
+                    continue;
+                }
+            };
+            last_call = tokio::time::Instant::now();
+            pending = Box::pin(next_record(rd));
+            let Some(record) = read? else { break };
             let permit = inflight.clone().acquire_owned().await.expect("never closed");
             let state = state.clone();
             let (tx, wr) = (tx.clone(), wr.clone());

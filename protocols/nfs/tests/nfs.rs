@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aquifer_nfs::Export;
 use nfs3_client::nfs3_types::nfs3::*;
@@ -56,6 +56,17 @@ impl Server {
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel();
         let task = tokio::spawn(aquifer_nfs::serve(engine, listener, exports, async {
+            let _ = rx.await;
+        }));
+        Server { addr, stop: Some(tx), task: Some(task) }
+    }
+
+    async fn start_opts(engine: Arc<Engine>, exports: Vec<Export>, opts: aquifer_nfs::ServeOptions) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel();
+        let table = aquifer_nfs::ExportTable::new(engine, exports).expect("export table");
+        let task = tokio::spawn(aquifer_nfs::serve_table_opts(table, opts, listener, async {
             let _ = rx.await;
         }));
         Server { addr, stop: Some(tx), task: Some(task) }
@@ -609,11 +620,9 @@ async fn malformed_records_get_errors_or_a_closed_connection_never_a_crash() {
         // one-fragment call.
         let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let mut call = call_header(6, 7);
-        for w in [f_fh.data.len() as u32] {
-            call.extend_from_slice(&w.to_be_bytes());
-        }
+        call.extend_from_slice(&(f_fh.data.len() as u32).to_be_bytes());
         call.extend_from_slice(&f_fh.data);
-        while call.len() % 4 != 0 {
+        while !call.len().is_multiple_of(4) {
             call.push(0);
         }
         call.extend_from_slice(&0u64.to_be_bytes());
@@ -680,3 +689,46 @@ fn forge(root: &nfs_fh3, generation: u64) -> Vec<u8> {
     v
 }
 
+
+/// A connection that completes no call for the idle limit while none is in progress is
+/// closed: one that never sends anything, and one that stops in the middle of a record. One
+/// that keeps calling, more slowly in all than the limit, stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_and_busy_ones_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let server = Server::start_opts(engine, vec![export("/")], aquifer_nfs::ServeOptions { idle_connection_timeout_ms: Some(1_000) }).await;
+    let addr = server.addr;
+    tokio::task::spawn_blocking(move || {
+        let closed_after = |s: &mut TcpStream| {
+            let t = Instant::now();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut buf = [0u8; 64];
+            let n = s.read(&mut buf).expect("the server closes the connection, not the read timeout");
+            assert_eq!(n, 0, "nothing but the close");
+            t.elapsed()
+        };
+        let mut silent = TcpStream::connect(addr).unwrap();
+        let waited = closed_after(&mut silent);
+        assert!(waited >= Duration::from_millis(900), "closed after {waited:?}");
+        let mut half = TcpStream::connect(addr).unwrap();
+        let call = call_header(1, 0);
+        let rec = record(&call);
+        half.write_all(&rec[..rec.len() / 2]).unwrap();
+        let waited = closed_after(&mut half);
+        assert!(waited >= Duration::from_millis(900), "closed after {waited:?}");
+        // NULL calls 600 ms apart for 3 s: every one answered on the same connection.
+        let mut busy = TcpStream::connect(addr).unwrap();
+        busy.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        for xid in 0..5u32 {
+            std::thread::sleep(Duration::from_millis(600));
+            busy.write_all(&record(&call_header(100 + xid, 0))).unwrap();
+            let mut reply = [0u8; 28];
+            busy.read_exact(&mut reply).unwrap();
+            assert_eq!(parse_reply(&reply).0, 100 + xid);
+        }
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
