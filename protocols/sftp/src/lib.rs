@@ -18,10 +18,12 @@ use russh::server::Config;
 use storage_engine::{Caller, Engine, Error, FileKind, Ino, ROOT_INO};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// SSH sessions served at the same time; further connections wait in the accept queue.
 const SESSIONS_MAX: usize = 256;
+/// How long a session may take to end after the listener disconnected it.
+const DISCONNECT_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct SftpOptions {
@@ -31,11 +33,15 @@ pub struct SftpOptions {
     pub idle_timeout_s: u64,
     /// Delay before answering a failed login, against password guessing.
     pub auth_rejection_delay_ms: u64,
+    /// A connection that has not logged in this long after it was accepted is closed, as
+    /// OpenSSH's `LoginGraceTime` (120 s) does, so that connections that never log in cannot
+    /// hold the session slots.
+    pub login_grace_ms: u64,
 }
 
 impl SftpOptions {
     pub fn new(host_key_path: impl Into<PathBuf>) -> SftpOptions {
-        SftpOptions { host_key_path: host_key_path.into(), idle_timeout_s: 3600, auth_rejection_delay_ms: 1000 }
+        SftpOptions { host_key_path: host_key_path.into(), idle_timeout_s: 3600, auth_rejection_delay_ms: 1000, login_grace_ms: 120_000 }
     }
 }
 
@@ -117,6 +123,7 @@ pub async fn serve(
         inactivity_timeout: Some(Duration::from_secs(opts.idle_timeout_s)),
         ..Default::default()
     });
+    let login_grace = Duration::from_millis(opts.login_grace_ms);
     let local = listener.local_addr()?;
     info!(%local, "SFTP service listening");
     let limit = Arc::new(tokio::sync::Semaphore::new(SESSIONS_MAX));
@@ -140,17 +147,42 @@ pub async fn serve(
                     },
                 };
                 let handler = session::SshSession::new(engine.clone(), peer);
+                let logged_in = handler.logged_in();
                 let config = config.clone();
                 sessions.spawn(async move {
                     let _permit = permit;
                     let _ = stream.set_nodelay(true);
-                    match russh::server::run_stream(config, stream, handler).await {
-                        Ok(running) => {
-                            if let Err(e) = running.await {
-                                debug!(%peer, "SSH session ended: {e}");
+                    let deadline = tokio::time::Instant::now() + login_grace;
+                    let no_login = || info!(%peer, "SSH connection closed: no login within {} s", login_grace.as_secs_f64());
+                    // Until the client's version line has come, the connection is this future's
+                    // own: dropping it closes the connection.
+                    let running = match tokio::time::timeout_at(deadline, russh::server::run_stream(config, stream, handler)).await {
+                        Ok(Ok(running)) => running,
+                        Ok(Err(e)) => return debug!(%peer, "SSH handshake failed: {e}"),
+                        Err(_) => return no_login(),
+                    };
+                    // From here the session runs in a task of russh's own, which only a
+                    // disconnect through its handle ends.
+                    let handle = running.handle();
+                    tokio::pin!(running);
+                    let ended = tokio::select! {
+                        r = &mut running => Some(r),
+                        _ = tokio::time::sleep_until(deadline) => None,
+                    };
+                    let ended = match ended {
+                        Some(r) => r,
+                        None if logged_in.load(std::sync::atomic::Ordering::Acquire) => running.await,
+                        None => {
+                            no_login();
+                            let _ = handle.disconnect(russh::Disconnect::ByApplication, "no login within the grace time".into(), String::new()).await;
+                            match tokio::time::timeout(DISCONNECT_WAIT, running).await {
+                                Ok(r) => r,
+                                Err(_) => return warn!(%peer, "SSH session still running after its disconnect"),
                             }
                         }
-                        Err(e) => debug!(%peer, "SSH handshake failed: {e}"),
+                    };
+                    if let Err(e) = ended {
+                        debug!(%peer, "SSH session ended: {e}");
                     }
                 });
             }

@@ -30,12 +30,25 @@ pub(crate) struct SshSession {
     engine: Arc<Engine>,
     peer: SocketAddr,
     caller: Option<Caller>,
+    /// Set once a login succeeds (the listener closes connections that take too long).
+    logged_in: Arc<std::sync::atomic::AtomicBool>,
     channels: HashMap<ChannelId, Channel<Msg>>,
 }
 
 impl SshSession {
     pub(crate) fn new(engine: Arc<Engine>, peer: SocketAddr) -> SshSession {
-        SshSession { engine, peer, caller: None, channels: HashMap::new() }
+        SshSession { engine, peer, caller: None, logged_in: Arc::default(), channels: HashMap::new() }
+    }
+
+    /// Becomes true once this connection has logged in.
+    pub(crate) fn logged_in(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.logged_in.clone()
+    }
+
+    fn accept(&mut self, caller: Caller) -> Auth {
+        self.caller = Some(caller);
+        self.logged_in.store(true, std::sync::atomic::Ordering::Release);
+        Auth::Accept
     }
 
     /// Whether `key` is one of `user`'s registered SSH keys. Stored lines that do not parse
@@ -62,8 +75,7 @@ impl russh::server::Handler for SshSession {
         match r {
             Ok(caller) => {
                 info!(peer = %self.peer, user, "SFTP login");
-                self.caller = Some(caller);
-                Ok(Auth::Accept)
+                Ok(self.accept(caller))
             }
             Err(_) => {
                 info!(peer = %self.peer, user, "SFTP login refused");
@@ -92,8 +104,7 @@ impl russh::server::Handler for SshSession {
         match tokio::task::spawn_blocking(move || engine.caller_for_user(&u)).await? {
             Ok(caller) => {
                 info!(peer = %self.peer, user, "SFTP login with a public key");
-                self.caller = Some(caller);
-                Ok(Auth::Accept)
+                Ok(self.accept(caller))
             }
             Err(_) => Ok(Auth::Reject { proceed_with_methods: None, partial_success: false }),
         }

@@ -54,11 +54,16 @@ struct Server {
 
 impl Server {
     async fn start(engine: Arc<Engine>, key: &Path) -> Server {
+        Server::start_opts(engine, key, |_| {}).await
+    }
+
+    async fn start_opts(engine: Arc<Engine>, key: &Path, change: impl FnOnce(&mut SftpOptions)) -> Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel();
         let mut opts = SftpOptions::new(key);
         opts.auth_rejection_delay_ms = 100;
+        change(&mut opts);
         let task = tokio::spawn(aquifer_sftp::serve(engine, listener, opts, async {
             let _ = rx.await;
         }));
@@ -602,5 +607,57 @@ async fn rclone_copies_both_ways_and_exec_and_shell_are_refused() {
         assert!(!out.status.success() && out.status.code() != Some(124), "ssh {command:?} is refused at once: {}", show(&out));
         assert!(!String::from_utf8_lossy(&out.stdout).contains("hi"), "nothing ran: {}", show(&out));
     }
+    server.stop().await;
+}
+
+/// A paramiko client that logs in (or only completes the key exchange) at once or after a
+/// pause, then lists `/home`; prints what happened.
+const PARAMIKO_LOGIN_SCRIPT: &str = r#"
+import socket, sys, time, paramiko
+port, password, pause, login_first = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4] == "1"
+t = paramiko.Transport(socket.create_connection(("127.0.0.1", port)))
+t.start_client(timeout=10)
+try:
+    if login_first:
+        t.auth_password("alice", password)
+    time.sleep(pause)
+    if not login_first:
+        t.auth_password("alice", password)
+    s = paramiko.SFTPClient.from_transport(t)
+    s.listdir("/home")
+    print("listed")
+except Exception as e:
+    print("refused:", type(e).__name__)
+"#;
+
+/// A connection that has not logged in within the grace time is closed, whether it sent
+/// nothing or completed the key exchange; one that logged in in time keeps working after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connections_that_do_not_log_in_in_time_are_closed() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let server = Server::start_opts(e, &dir.path().join("key"), |o| o.login_grace_ms = 1_000).await;
+    // Sends nothing: the server's banner, then the close.
+    let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), tcp.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "still open after 10 s");
+    assert!(got.starts_with(b"SSH-2.0-"), "{got:?}");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(900), "closed after {:?}", started.elapsed());
+
+    let work = tempfile::tempdir().unwrap();
+    let script = work.path().join("login.py");
+    std::fs::write(&script, PARAMIKO_LOGIN_SCRIPT).unwrap();
+    let check = run("python3", vec!["-c".into(), "import paramiko".into()], "python3").await;
+    assert!(check.status.success(), "python3 has no paramiko: install it with `pip install paramiko` (scripts/deps.sh)");
+    let login = |pause: &str, first: &str| {
+        run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into(), pause.into(), first.into()], "python3")
+    };
+    let late = login("2", "0").await;
+    assert!(String::from_utf8_lossy(&late.stdout).starts_with("refused"), "a login after the grace time: {}", show(&late));
+    let early = login("2", "1").await;
+    assert_eq!(String::from_utf8_lossy(&early.stdout).trim(), "listed", "a session that logged in at once: {}", show(&early));
     server.stop().await;
 }
