@@ -152,7 +152,8 @@ async fn handle(app: Router, idle: Duration, req: hyper::Request<Incoming>) -> R
 /// what its request holds (a staged upload) for ever by starting a body and stopping. A wait
 /// found to end more than [`BODY_IDLE_LATE_MS`] after its deadline was not being watched
 /// (the handler was busy elsewhere, so the client may have been held back) and starts again.
-/// The S3 listener limits its bodies the same way.
+/// The S3 listener's `IdleLimited` (protocols/s3/src/server.rs) is the same timer: no
+/// protocol crate may depend on another (DESIGN.md §2), so a change to one belongs in both.
 struct IdleLimited {
     inner: Incoming,
     idle: Duration,

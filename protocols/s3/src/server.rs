@@ -1,7 +1,7 @@
 //! The listener loop: HTTP/1.1 and HTTP/2 through hyper-util, a bound on open connections,
 //! a header-read timeout, a limit on how long a request body may stall ([`IdleLimited`]) and
-//! graceful shutdown. s3s's error type is not `Infallible`, so S3
-//! gets its own listener rather than a route in another server.
+//! graceful shutdown. s3s's error type is not `Infallible`, so S3 gets its own listener
+//! rather than a route in another server.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -166,7 +166,9 @@ fn tag_response(resp: &mut s3s::HttpResponse, id: &str) {
 /// holds for ever; a browser upload's form is read before anyone is authenticated, so that
 /// needed no key. The limit counts only while the request waits for the body: a wait that
 /// is found to have ended well after its deadline was not being watched (the request was
-/// busy elsewhere, so the client may have been held back) and starts again.
+/// busy elsewhere, so the client may have been held back) and starts again. The REST API's
+/// `IdleLimited` (protocols/rest/src/server.rs) is the same timer: no protocol crate may
+/// depend on another (DESIGN.md §2), so a change to one belongs in both.
 pub(crate) struct IdleLimited<B> {
     inner: B,
     idle: Duration,
