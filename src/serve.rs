@@ -9,6 +9,10 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use storage_engine::{DriveConfig, Engine, EngineConfig, PoolConfig};
 
+/// The daemon's default for `[engine] log_reuse_bytes`: about one memtable's worth of log,
+/// which is how much a log holds before the next one starts.
+const LOG_REUSE_BYTES: u64 = 64 << 20;
+
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     /// Where metadata, file drives and credentials live.
@@ -151,6 +155,9 @@ struct EngineEntry {
     /// Bytes of stripe data kept in memory for reads (0: none).
     data_cache_bytes: Option<usize>,
     io_backend: Option<String>,
+    /// Bytes of metadata log written when the daemon starts and overwritten afterwards
+    /// (0: the log grows as it is written).
+    log_reuse_bytes: Option<u64>,
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -311,6 +318,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(v) = file.engine.write_flush_threads {
         cfg.write_flush_threads = v;
     }
+    cfg.log_reuse_bytes = file.engine.log_reuse_bytes.unwrap_or(LOG_REUSE_BYTES);
     cfg.drive_open.backend = backend(file.engine.io_backend.as_deref().unwrap_or(&args.io_backend))?;
 
     let fresh = !data_dir.join("meta").exists();

@@ -3,7 +3,8 @@
 //!     cargo bench -p storage-engine --bench engine --profile dev
 //!
 //! Environment: AQUIFER_BENCH_DIR (default /var/tmp), AQUIFER_BENCH_FILE_MIB (default 1024),
-//! AQUIFER_BENCH_CREATES (default 20000). Needs `fio` for the raw baseline.
+//! AQUIFER_BENCH_CREATES (default 20000), AQUIFER_BENCH_LOG_REUSE_MIB (metadata log kept for
+//! reuse, default 64 as in the daemon). Needs `fio` for the raw baseline.
 
 use std::process::Command;
 use std::time::Instant;
@@ -75,10 +76,19 @@ fn main() {
     cfg.admin_password = Some("bench-password".into());
     // The engine against its drives: reads reach them, not the data cache.
     cfg.data_cache_bytes = 0;
+    // Metadata logs kept for reuse as the daemon keeps them (`[engine] log_reuse_bytes`);
+    // AQUIFER_BENCH_LOG_REUSE_MIB=0 for logs that grow as they are written.
+    let log_reuse = env_u64("AQUIFER_BENCH_LOG_REUSE_MIB", 64) << 20;
+    cfg.log_reuse_bytes = log_reuse;
     let e = Engine::open(cfg).expect("open engine");
     let c = Caller::system();
     let backend = e.drives()[0].backend.clone();
-    println!("# engine benchmark: {DRIVES} file drives x {} MiB in {}, 4+2, backend {backend}", drive_bytes >> 20, dir.path().display());
+    println!(
+        "# engine benchmark: {DRIVES} file drives x {} MiB in {}, 4+2, backend {backend}, {} MiB of metadata log kept for reuse",
+        drive_bytes >> 20,
+        dir.path().display(),
+        log_reuse >> 20
+    );
     println!("idle RSS after open: {} MiB", rss_kib("VmRSS:") >> 10);
 
     // Large sequential write, 1 MiB application writes, one commit at the end.

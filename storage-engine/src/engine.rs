@@ -45,6 +45,10 @@ const ALL_CFS: &[&str] = &[
 const STRIPES_IN_FLIGHT_MAX: usize = 4;
 
 const KEY_CLUSTER: &[u8] = b"cluster";
+/// A key written and deleted at once by `Engine::prepare_log`, never read.
+const KEY_LOG_SWITCH: &[u8] = b"log-switch";
+/// Metadata logs kept for reuse (`EngineConfig::log_reuse_bytes`).
+const LOGS_KEPT_FOR_REUSE: usize = 2;
 const KEY_NEXT_INO: &[u8] = b"next_ino";
 const KEY_FILES: &[u8] = b"files";
 const KEY_POOL_PREFIX: &str = "pool/";
@@ -116,6 +120,10 @@ pub struct EngineConfig {
     pub admin_password: Option<String>,
     /// Cost of argon2 hashing; tests lower it.
     pub argon2_memory_kib: u32,
+    /// Bytes of metadata log written and set aside for reuse when the engine opens (see
+    /// `Engine::prepare_log`), so that the log's syncs overwrite blocks the filesystem has
+    /// already allocated; 0: none, the first log of the run grows as it is written.
+    pub log_reuse_bytes: u64,
 }
 
 impl EngineConfig {
@@ -147,6 +155,7 @@ impl EngineConfig {
             clock: Arc::new(SystemClock),
             admin_password: None,
             argon2_memory_kib: 19 * 1024,
+            log_reuse_bytes: 0,
         }
     }
 }
@@ -406,6 +415,13 @@ impl Engine {
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
         opts.increase_parallelism(2);
         opts.set_keep_log_file_num(4);
+        // Logs that are no longer needed are overwritten by later ones rather than deleted:
+        // a sync of a log written into blocks the file already has is a data write and a
+        // cache flush, where a growing log's sync also commits the filesystem's journal
+        // (measured: 90 µs against 160 µs a 4 KiB sync on the development VM).
+        if cfg.log_reuse_bytes > 0 {
+            opts.set_recycle_log_file_num(LOGS_KEPT_FOR_REUSE);
+        }
         // An engine of this process that is still closing (its last handle dropped on a
         // background thread) holds the RocksDB lock for a moment: wait for it briefly.
         let mut attempt = 0;
@@ -426,6 +442,7 @@ impl Engine {
             Some(v) => v.as_slice().try_into().map_err(|_| Error::Corrupt("cluster uuid".into()))?,
             None => Self::format(&db, &cfg)?,
         };
+        Self::prepare_log(&db, cfg.log_reuse_bytes)?;
         let (drives, pools) = Self::open_drives(&db, &cfg, cluster_uuid)?;
         let data = DataStore::new(drives, pools, cfg.data_cache_bytes);
 
@@ -1237,6 +1254,39 @@ impl Engine {
             let _ = self.events.send(e);
         }
         Ok(applied.attr)
+    }
+
+    /// Writes `bytes` of filler into each of the logs kept for reuse, so that the log the
+    /// engine writes next overwrites a file whose blocks the filesystem has allocated and
+    /// written. RocksDB reuses only logs of the current run that are no longer needed, so
+    /// each log is filled, synced, and left behind by switching to the next (a flush: it
+    /// needs an entry in a memtable, a key put and deleted). The filler is log data: it is
+    /// in no memtable or table file, and recovery skips it.
+    fn prepare_log(db: &DB, bytes: u64) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let chunk = vec![0u8; 1 << 20];
+        let sys = db.cf_handle(CF_SYSTEM).expect("cf");
+        let cfs: Vec<_> = ALL_CFS.iter().map(|n| db.cf_handle(n).expect("cf")).collect();
+        let mut fo = rocksdb::FlushOptions::default();
+        fo.set_wait(true);
+        for _ in 0..LOGS_KEPT_FOR_REUSE {
+            let mut written = 0;
+            while written < bytes {
+                let mut b = WriteBatch::default();
+                b.put_log_data(&chunk);
+                db.write(b)?;
+                written += chunk.len() as u64;
+            }
+            db.flush_wal(true)?;
+            let mut b = WriteBatch::default();
+            b.put_cf(sys, KEY_LOG_SWITCH, b"");
+            b.delete_cf(sys, KEY_LOG_SWITCH);
+            db.write(b)?;
+            db.flush_cfs_opt(&cfs, &fo)?;
+        }
+        Ok(())
     }
 
     /// Makes all committed metadata durable and releases freed blocks.
