@@ -369,8 +369,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("aquifer-rt").build()?;
     let res = rt.block_on(serve_all(engine.clone(), listen, data_dir.clone()));
     tracing::info!("shutting down");
-    let shut = engine.shutdown();
+    // The runtime goes first: its drop ends every task still running (an SSH session runs
+    // in a task of russh's own, for one) and waits for the threads in engine calls. A
+    // request answered after the engine's last write-out would be lost at exit.
     drop(rt);
+    let shut = engine.shutdown();
     res?;
     shut.context("shut down storage engine")?;
     Ok(())
