@@ -49,6 +49,19 @@ pub const LIST_KEYS_DEFAULT: usize = 1000;
 const LIST_ETAG_COMPUTE_BYTES_MAX: u64 = 8 << 20;
 /// Mode of objects and of the directories PUT creates.
 const FILE_MODE: u32 = 0o644;
+/// Tries of a small PUT's store where the request is served while the engine's mutation lock
+/// is taken, other requests on the thread going first between tries, before the blocking pool.
+const STORE_HERE_TRIES: u32 = 4;
+
+/// What `PutPlan::try_store_here` did.
+enum Here {
+    /// Stored (or refused with an answer for the client).
+    Stored(S3Result<()>),
+    /// Nothing stored: it would have waited for the engine.
+    Busy,
+    /// Nothing stored: the blocking path does what is needed.
+    Elsewhere,
+}
 /// Objects put with the canned ACL `private`.
 const OWNER_ONLY_MODE: u32 = 0o600;
 const DIR_MODE: u32 = 0o755;
@@ -914,16 +927,13 @@ impl PutPlan {
         x
     }
 
-    /// [`whole`](Self::whole) where the request is served, for an object that
-    /// [`put_inline`](Self::put_inline) stores, without its log sync: the caller awaits
-    /// `Engine::durable` before it answers. Checks and metadata reads as `whole` makes them,
-    /// then `Engine::try_put_inline`. `None`, with nothing stored, whenever `whole` would do
-    /// more or could wait: the engine holds portal mirrors, content over the inline limit, an
-    /// ACL of the object's own, a versioned bucket, a directory of the key to be made, the
-    /// mutation lock taken, or any error on the way to the key's directory (`whole` then
-    /// answers it as it does). Returns the ETag.
-    fn try_whole_here(&self, data: &[u8], content_md5: Option<&str>) -> Option<S3Result<String>> {
-        let (e, c) = (&self.engine, &self.caller);
+    /// The checks of [`whole`](Self::whole) for an object to be stored where the request is
+    /// served ([`try_store_here`](Self::try_store_here)), for an object that
+    /// [`put_inline`](Self::put_inline) stores: `None` whenever `whole` would do more (the
+    /// engine holds portal mirrors, content over the inline limit, an ACL of the object's own,
+    /// a versioned bucket). Returns the ETag and the bucket.
+    fn checks_here(&self, data: &[u8], content_md5: Option<&str>) -> Option<S3Result<(String, Ino)>> {
+        let e = &self.engine;
         if e.holds_mirrors() || data.len() as u64 > e.inline_bytes_max() {
             return None;
         }
@@ -935,12 +945,26 @@ impl PutPlan {
         if !self.inline_allowed(&b, &acl) {
             return None;
         }
-        let (parent, name) = e.object_parent(c, b.ino, &self.key, false).ok()?;
-        match e.try_put_inline(c, parent, name.as_bytes(), FILE_MODE, data, |size, mtime_ns| self.inline_xattrs(&etag, size, mtime_ns))? {
-            Ok(_) => Some(Ok(etag)),
+        Some(Ok((etag, b.ino)))
+    }
+
+    /// `whole` without its log sync, once [`checks_here`](Self::checks_here) passed: the
+    /// metadata reads as `whole` makes them, then `Engine::try_put_inline`; the caller awaits
+    /// `Engine::durable` before it answers. Nothing is stored unless it says `Stored`.
+    fn try_store_here(&self, bucket: Ino, etag: &str, data: &[u8]) -> Here {
+        let (e, c) = (&self.engine, &self.caller);
+        // A directory of the key to be made, or any error on the way to it: `whole` makes
+        // it, or answers the error as it does.
+        let Ok((parent, name)) = e.object_parent(c, bucket, &self.key, false) else {
+            return Here::Elsewhere;
+        };
+        match e.try_put_inline(c, parent, name.as_bytes(), FILE_MODE, data, |size, mtime_ns| self.inline_xattrs(etag, size, mtime_ns)) {
+            // The mutation lock is taken, or RocksDB would stall the write.
+            None => Here::Busy,
+            Some(Ok(_)) => Here::Stored(Ok(())),
             // The directory was removed meanwhile: `whole` makes it again.
-            Err(Error::NotFound) => None,
-            Err(x) => Some(Err(map_err(x, Missing::Key))),
+            Some(Err(Error::NotFound)) => Here::Elsewhere,
+            Some(Err(x)) => Here::Stored(Err(map_err(x, Missing::Key))),
         }
     }
 
@@ -2188,9 +2212,28 @@ impl S3 for AquiferS3 {
                 // wait, and answered once its batch is durable (`Engine::durable`): no trip
                 // to the blocking pool, whose thread wake-ups were most of the CPU of small
                 // PUTs from several clients.
-                let (etag, version_id) = match put.try_whole_here(&data, content_md5.as_deref()) {
-                    Some(stored) => {
-                        let etag = stored?;
+                // When another mutation holds the engine's lock, other requests on this
+                // thread go first and the store is tried again: the lock is held for one
+                // batch's write, and the blocking pool costs more than the wait.
+                let here = match put.checks_here(&data, content_md5.as_deref()) {
+                    Some(checked) => {
+                        let (etag, bucket) = checked?;
+                        let mut tries = 0;
+                        loop {
+                            match put.try_store_here(bucket, &etag, &data) {
+                                Here::Stored(r) => break r.map(|()| Some(etag))?,
+                                Here::Busy if tries < STORE_HERE_TRIES => {
+                                    tries += 1;
+                                    tokio::task::yield_now().await;
+                                }
+                                Here::Busy | Here::Elsewhere => break None,
+                            }
+                        }
+                    }
+                    None => None,
+                };
+                let (etag, version_id) = match here {
+                    Some(etag) => {
                         engine.durable().await.map_err(|e| map_err(e, Missing::Key))?;
                         (etag, None)
                     }
