@@ -7,11 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
-use storage_engine::{DriveConfig, Engine, EngineConfig, PoolConfig};
-
-/// The daemon's default for `[engine] log_reuse_bytes`: about one memtable's worth of log,
-/// which is how much a log holds before the next one starts.
-const LOG_REUSE_BYTES: u64 = 64 << 20;
+use storage_engine::{DriveConfig, Engine, EngineConfig, LOG_REUSE_BYTES_DEFAULT, PoolConfig};
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
@@ -318,7 +314,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(v) = file.engine.write_flush_threads {
         cfg.write_flush_threads = v;
     }
-    cfg.log_reuse_bytes = file.engine.log_reuse_bytes.unwrap_or(LOG_REUSE_BYTES);
+    cfg.log_reuse_bytes = file.engine.log_reuse_bytes.unwrap_or(LOG_REUSE_BYTES_DEFAULT);
     cfg.drive_open.backend = backend(file.engine.io_backend.as_deref().unwrap_or(&args.io_backend))?;
 
     let fresh = !data_dir.join("meta").exists();

@@ -4,12 +4,13 @@
 //!
 //! Environment: AQUIFER_BENCH_DIR (default /var/tmp), AQUIFER_BENCH_FILE_MIB (default 1024),
 //! AQUIFER_BENCH_CREATES (default 20000), AQUIFER_BENCH_LOG_REUSE_MIB (metadata log kept for
-//! reuse, default 64 as in the daemon). Needs `fio` for the raw baseline.
+//! reuse, default 64 as in the daemon: `LOG_REUSE_BYTES_DEFAULT`). Needs `fio` for the raw
+//! baseline.
 
 use std::process::Command;
 use std::time::Instant;
 
-use storage_engine::{Caller, Engine, EngineConfig, ROOT_INO, Stability};
+use storage_engine::{Caller, Engine, EngineConfig, LOG_REUSE_BYTES_DEFAULT, ROOT_INO, Stability};
 
 const DRIVES: usize = 6;
 
@@ -78,7 +79,7 @@ fn main() {
     cfg.data_cache_bytes = 0;
     // Metadata logs kept for reuse as the daemon keeps them (`[engine] log_reuse_bytes`);
     // AQUIFER_BENCH_LOG_REUSE_MIB=0 for logs that grow as they are written.
-    let log_reuse = env_u64("AQUIFER_BENCH_LOG_REUSE_MIB", 64) << 20;
+    let log_reuse = env_u64("AQUIFER_BENCH_LOG_REUSE_MIB", LOG_REUSE_BYTES_DEFAULT >> 20) << 20;
     cfg.log_reuse_bytes = log_reuse;
     let e = Engine::open(cfg).expect("open engine");
     let c = Caller::system();

@@ -43,12 +43,15 @@ const ALL_CFS: &[&str] = &[
 
 /// Stripes of one flush whose shard writes may be outstanding together.
 const STRIPES_IN_FLIGHT_MAX: usize = 4;
+/// Metadata logs kept for reuse (`EngineConfig::log_reuse_bytes`).
+const LOGS_KEPT_FOR_REUSE: usize = 2;
+/// A good `EngineConfig::log_reuse_bytes` for a long-running engine (the daemon's default):
+/// about one memtable's worth of log, which is how much a log holds before the next starts.
+pub const LOG_REUSE_BYTES_DEFAULT: u64 = 64 << 20;
 
 const KEY_CLUSTER: &[u8] = b"cluster";
 /// A key written and deleted at once by `Engine::prepare_log`, never read.
 const KEY_LOG_SWITCH: &[u8] = b"log-switch";
-/// Metadata logs kept for reuse (`EngineConfig::log_reuse_bytes`).
-const LOGS_KEPT_FOR_REUSE: usize = 2;
 const KEY_NEXT_INO: &[u8] = b"next_ino";
 const KEY_FILES: &[u8] = b"files";
 const KEY_POOL_PREFIX: &str = "pool/";
@@ -1272,12 +1275,10 @@ impl Engine {
         let mut fo = rocksdb::FlushOptions::default();
         fo.set_wait(true);
         for _ in 0..LOGS_KEPT_FOR_REUSE {
-            let mut written = 0;
-            while written < bytes {
+            for _ in 0..bytes.div_ceil(chunk.len() as u64) {
                 let mut b = WriteBatch::default();
                 b.put_log_data(&chunk);
                 db.write(b)?;
-                written += chunk.len() as u64;
             }
             db.flush_wal(true)?;
             let mut b = WriteBatch::default();

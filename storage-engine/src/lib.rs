@@ -24,7 +24,7 @@ pub use cache::DataCacheStats;
 pub use data::{DriveCounters, DriveInfo, DriveState, ReadBytes};
 /// Buffers a caller fills and hands to [`Engine::write_shared`] without a copy.
 pub use hardware::{AlignedBuf, FillBuf};
-pub use engine::{Clock, DriveConfig, DriveWrapper, Engine, EngineConfig, Health, PoolConfig, PoolInfo, SystemClock};
+pub use engine::{Clock, DriveConfig, DriveWrapper, Engine, EngineConfig, Health, LOG_REUSE_BYTES_DEFAULT, PoolConfig, PoolInfo, SystemClock};
 pub use error::{Error, NameProblem, Result};
 pub use identity::{GroupInfo, NewUser, PASSWORD_BYTES_MIN, S3KeyInfo, TokenInfo, UserInfo, UserUpdate};
 pub use jobs::{JobInfo, JobKind, JobState};

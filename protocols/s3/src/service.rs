@@ -49,6 +49,9 @@ pub const LIST_KEYS_DEFAULT: usize = 1000;
 const LIST_ETAG_COMPUTE_BYTES_MAX: u64 = 8 << 20;
 /// Mode of objects and of the directories PUT creates.
 const FILE_MODE: u32 = 0o644;
+/// Objects put with the canned ACL `private`.
+const OWNER_ONLY_MODE: u32 = 0o600;
+const DIR_MODE: u32 = 0o755;
 /// Tries of a small PUT's store where the request is served while the engine's mutation lock
 /// is taken, other requests on the thread going first between tries, before the blocking pool.
 const STORE_HERE_TRIES: u32 = 4;
@@ -62,9 +65,6 @@ enum Here {
     /// Nothing stored: the blocking path does what is needed.
     Elsewhere,
 }
-/// Objects put with the canned ACL `private`.
-const OWNER_ONLY_MODE: u32 = 0o600;
-const DIR_MODE: u32 = 0o755;
 /// The read bit of `Engine::access` masks (as access(2)'s R_OK).
 const ACCESS_READ: u32 = 4;
 /// Objects in one DeleteObjects request (as S3).
@@ -2211,17 +2211,19 @@ impl S3 for AquiferS3 {
                 // A small object is stored where the request is served when nothing could
                 // wait, and answered once its batch is durable (`Engine::durable`): no trip
                 // to the blocking pool, whose thread wake-ups were most of the CPU of small
-                // PUTs from several clients.
-                // When another mutation holds the engine's lock, other requests on this
-                // thread go first and the store is tried again: the lock is held for one
-                // batch's write, and the blocking pool costs more than the wait.
+                // PUTs from several clients. When another mutation holds the engine's lock,
+                // other requests on this thread go first and the store is tried again: the
+                // lock is held for one batch's write, and the blocking pool costs more.
                 let here = match put.checks_here(&data, content_md5.as_deref()) {
                     Some(checked) => {
                         let (etag, bucket) = checked?;
                         let mut tries = 0;
                         loop {
                             match put.try_store_here(bucket, &etag, &data) {
-                                Here::Stored(r) => break r.map(|()| Some(etag))?,
+                                Here::Stored(r) => {
+                                    r?;
+                                    break Some(etag);
+                                }
                                 Here::Busy if tries < STORE_HERE_TRIES => {
                                     tries += 1;
                                     tokio::task::yield_now().await;
