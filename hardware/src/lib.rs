@@ -40,6 +40,19 @@ pub fn memory_bytes() -> usize {
     (pages.max(0) as usize).saturating_mul(page.max(0) as usize)
 }
 
+/// Bytes an unprivileged writer may still allocate on the filesystem holding `path`
+/// (`statvfs`: available blocks times the fragment size).
+pub fn available_bytes(path: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c` is a NUL-terminated path and `st` a zeroed statvfs that the call fills.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
 /// Alignment of every drive offset, length and buffer. 4096 covers the logical block size of
 /// every NVMe and SATA drive Aquifer targets and the page size, which O_DIRECT requires.
 pub const BLOCK_BYTES: usize = 4096;

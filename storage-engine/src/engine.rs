@@ -245,8 +245,10 @@ pub(crate) struct Applied {
 }
 
 pub struct Engine {
-    pub(crate) db: DB,
-    pub(crate) data: DataStore,
+    /// Shared with the log-sync thread, which holds these two and never the engine, so that
+    /// the engine's last reference (and RocksDB's close) is always dropped by a caller.
+    pub(crate) db: Arc<DB>,
+    pub(crate) data: Arc<DataStore>,
     pub(crate) cfg: EngineConfig,
     pub(crate) mutate: Mutex<()>,
     next_ino: AtomicU64,
@@ -425,8 +427,9 @@ impl Engine {
         if cfg.log_reuse_bytes > 0 {
             opts.set_recycle_log_file_num(LOGS_KEPT_FOR_REUSE);
         }
-        // An engine of this process that is still closing (its last handle dropped on a
-        // background thread) holds the RocksDB lock for a moment: wait for it briefly.
+        // An engine of this process that is still closing (its last handle dropped on
+        // another of the process's threads) holds the RocksDB lock for a moment: wait for
+        // it briefly.
         let mut attempt = 0;
         let db = loop {
             let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, Options::default()));
@@ -445,7 +448,7 @@ impl Engine {
             Some(v) => v.as_slice().try_into().map_err(|_| Error::Corrupt("cluster uuid".into()))?,
             None => Self::format(&db, &cfg)?,
         };
-        Self::prepare_log(&db, cfg.log_reuse_bytes)?;
+        Self::prepare_log(&db, &meta_dir, cfg.log_reuse_bytes)?;
         let (drives, pools) = Self::open_drives(&db, &cfg, cluster_uuid)?;
         let data = DataStore::new(drives, pools, cfg.data_cache_bytes);
 
@@ -474,8 +477,8 @@ impl Engine {
         let has_stubs = db.iterator_cf(db.cf_handle(CF_REMOTE).expect("cf"), IteratorMode::Start).next().is_some();
         let (flush_tx, flush_rx) = std::sync::mpsc::channel();
         let engine = Arc::new(Engine {
-            db,
-            data,
+            db: Arc::new(db),
+            data: Arc::new(data),
             cfg,
             mutate: Mutex::new(()),
             next_ino: AtomicU64::new(next_ino),
@@ -1265,8 +1268,22 @@ impl Engine {
     /// each log is filled, synced, and left behind by switching to the next (a flush: it
     /// needs an entry in a memtable, a key put and deleted). The filler is log data: it is
     /// in no memtable or table file, and recovery skips it.
-    fn prepare_log(db: &DB, bytes: u64) -> Result<()> {
+    ///
+    /// Skipped, with a warning, where the logs would take more than a quarter of the room
+    /// left on the metadata filesystem: the engine opens, and its syncs cost what they cost
+    /// without reuse until RocksDB has logs of its own to write over.
+    fn prepare_log(db: &DB, meta_dir: &Path, bytes: u64) -> Result<()> {
         if bytes == 0 {
+            return Ok(());
+        }
+        let needed = bytes.saturating_mul(LOGS_KEPT_FOR_REUSE as u64);
+        let available = hardware::available_bytes(meta_dir).map_err(|e| Error::Io(format!("statvfs {}: {e}", meta_dir.display())))?;
+        if !log_reuse_fits(needed, available) {
+            tracing::warn!(
+                needed,
+                available,
+                "metadata logs for reuse not written: they would take more than a quarter of the room left on the metadata filesystem"
+            );
             return Ok(());
         }
         let chunk = vec![0u8; 1 << 20];
@@ -1293,12 +1310,7 @@ impl Engine {
     /// Makes all committed metadata durable and releases freed blocks.
     /// Concurrent callers share one log sync.
     pub fn sync_metadata(&self) -> Result<()> {
-        self.wal_sync.sync(|| {
-            let mark = self.data.pending_mark();
-            self.db.flush_wal(true)?;
-            self.data.release_pending(mark);
-            Ok(())
-        })
+        sync_log(&self.wal_sync, &self.db, &self.data)
     }
 
     /// `sync_metadata` for callers on an event loop: ready once everything committed before
@@ -1310,25 +1322,20 @@ impl Engine {
     }
 
     fn start_sync_thread(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
-        let group = self.wal_sync.clone();
+        let (group, db, data) = (self.wal_sync.clone(), self.db.clone(), self.data.clone());
         let interval = Duration::from_millis(self.cfg.wal_sync_interval_ms.max(10));
         let h = std::thread::Builder::new()
             .name("aquifer-walsync".into())
             .spawn(move || {
                 // Syncs every `interval`, and at once when a caller on an event loop waits
-                // (`durable`). It holds the engine only while it syncs.
+                // (`durable`), until the engine stops it (`stop_sync_thread`).
                 loop {
                     let upto = group.wait_for_waiters(interval);
-                    let Some(e) = weak.upgrade() else {
-                        group.shut_down("the engine is shut down");
-                        return;
-                    };
-                    if e.closed.load(Ordering::Acquire) {
+                    if group.stopping() {
                         group.shut_down("the engine is shut down");
                         return;
                     }
-                    if let Err(err) = e.sync_metadata() {
+                    if let Err(err) = sync_log(&group, &db, &data) {
                         tracing::error!("metadata sync: {err}");
                         group.fail_upto(upto, &err.to_string());
                     }
@@ -1336,6 +1343,15 @@ impl Engine {
             })
             .expect("spawn metadata sync thread");
         *self.sync_thread.lock() = Some(h);
+    }
+
+    /// Stops the log-sync thread and waits for it, so that nothing but the engine's callers
+    /// holds its database afterwards. Futures waiting for a sync then fail.
+    fn stop_sync_thread(&self) {
+        self.wal_sync.stop();
+        if let Some(h) = self.sync_thread.lock().take() {
+            let _ = h.join();
+        }
     }
 
     fn start_flush_threads(self: &Arc<Self>) {
@@ -2856,7 +2872,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Flushes every write buffer, syncs metadata, stops background work. Idempotent.
+    /// Flushes every write buffer, syncs metadata, stops background work and waits for the
+    /// engine's threads (after it, only callers hold the engine). Idempotent.
     pub fn shutdown(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Ok(());
@@ -2876,8 +2893,15 @@ impl Engine {
             }
         }
         self.closed.store(true, Ordering::Release);
-        if let Some(h) = self.sync_thread.lock().take() {
-            drop(h); // the thread sees `closed` and exits within one interval
+        self.stop_sync_thread();
+        // The flush threads end at the next file they are handed (the engine is closed):
+        // one wake-up each, then wait for them, so that none holds the engine afterwards.
+        let flushers = std::mem::take(&mut *self.flush_threads.lock());
+        for _ in &flushers {
+            let _ = self.flush_tx.send(ROOT_INO);
+        }
+        for h in flushers {
+            let _ = h.join();
         }
         tracing::info!("storage engine shut down");
         Ok(())
@@ -2887,7 +2911,27 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.jobs.stop_all();
+        // Before the fields go: the thread's references to the database are gone when
+        // RocksDB closes here.
+        self.stop_sync_thread();
     }
+}
+
+/// Whether logs of `needed` bytes in all may be written out for reuse on a filesystem with
+/// `available` bytes left: at most a quarter of it.
+fn log_reuse_fits(needed: u64, available: u64) -> bool {
+    needed <= available / 4
+}
+
+/// Makes everything committed before the call durable (one sync shared by concurrent
+/// callers), then makes the blocks freed before it allocatable.
+fn sync_log(group: &crate::group_sync::GroupSync, db: &DB, data: &DataStore) -> Result<()> {
+    group.sync(|| {
+        let mark = data.pending_mark();
+        db.flush_wal(true)?;
+        data.release_pending(mark);
+        Ok(())
+    })
 }
 
 /// What a write or flush reports when an earlier background write-out of the file failed

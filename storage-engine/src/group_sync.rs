@@ -36,6 +36,8 @@ struct State {
     failed: HashMap<u64, String>,
     /// Nobody runs syncs for futures any more (the engine shut down): why.
     shut: Option<String>,
+    /// The log-sync thread is asked to stop.
+    stopping: bool,
 }
 
 #[derive(Default)]
@@ -101,10 +103,21 @@ impl GroupSync {
     /// issued, which the caller's next sync will cover (or fail).
     pub(crate) fn wait_for_waiters(&self, timeout: Duration) -> u64 {
         let mut s = self.state.lock();
-        if !s.waiters.keys().any(|t| *t > s.covered) {
+        if !s.stopping && !s.waiters.keys().any(|t| *t > s.covered) {
             self.waiting.wait_for(&mut s, timeout);
         }
         s.issued
+    }
+
+    /// Asks the log-sync thread to stop: it returns from `wait_for_waiters` now and sees
+    /// `stopping`.
+    pub(crate) fn stop(&self) {
+        self.state.lock().stopping = true;
+        self.waiting.notify_all();
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        self.state.lock().stopping
     }
 
     /// Fails the waiting futures with tickets up to `upto` that no sync covered: their sync
