@@ -194,6 +194,18 @@ mod tests {
         (engine, attr, data)
     }
 
+    /// Waits until the windows' reads still running (on the blocking pool, each holding the
+    /// engine) are done, then drops the engine here: it closes before the test's directory
+    /// is removed, not on a pool thread in the middle of the removal.
+    async fn close(engine: Arc<Engine>) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while Arc::strong_count(&engine) > 1 {
+            assert!(std::time::Instant::now() < deadline, "window reads still hold the engine after 30 s");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        engine.shutdown().unwrap();
+    }
+
     /// READs in flight together reach the table in any order: one a READ ahead of the
     /// furthest end still counts as sequential and starts the windows, which then serve the
     /// READs after it, in any order, with the bytes the file holds.
@@ -216,6 +228,8 @@ mod tests {
             let got = read(off).await.unwrap_or_else(|| panic!("READ at {} MiB not served from a window", off / MIB));
             assert!(got == data[off as usize..(off + MIB) as usize], "READ at {} MiB: other bytes", off / MIB);
         }
+        drop(ra);
+        close(engine).await;
     }
 
     /// A pipelined reader (8 READs in flight, arriving in any order among themselves) has
@@ -253,6 +267,8 @@ mod tests {
         let started = ra.windows_started.load(Ordering::Relaxed);
         assert!(served >= size / MIB - 16, "only {served} READs served from windows");
         assert!(started <= size.div_ceil(WINDOW_BYTES) + 1, "{started} windows started for a {} MiB file", size / MIB);
+        drop(ra);
+        close(engine).await;
     }
 
     #[test]
