@@ -132,6 +132,15 @@ impl Server {
         if let Some(t) = self.task.take() {
             t.await.expect("join").expect("serve");
         }
+        // Requests' work on the blocking pool may still hold the engine for a moment: the
+        // engine closes here, before the test's directory is removed, not on a pool thread
+        // in the middle of the removal.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while Arc::strong_count(&self.engine) > 1 {
+            assert!(std::time::Instant::now() < deadline, "the engine is still held 30 s after the listener stopped");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        self.engine.shutdown().expect("engine shutdown");
     }
 }
 
