@@ -1330,11 +1330,10 @@ impl Engine {
                 // Syncs every `interval`, and at once when a caller on an event loop waits
                 // (`durable`), until the engine stops it (`stop_sync_thread`).
                 loop {
-                    let upto = group.wait_for_waiters(interval);
-                    if group.stopping() {
+                    let Some(upto) = group.wait_for_waiters(interval) else {
                         group.shut_down("the engine is shut down");
                         return;
-                    }
+                    };
                     if let Err(err) = sync_log(&group, &db, &data) {
                         tracing::error!("metadata sync: {err}");
                         group.fail_upto(upto, &err.to_string());

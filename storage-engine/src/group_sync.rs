@@ -100,24 +100,20 @@ impl GroupSync {
     }
 
     /// Waits until a future waits for a sync, at most `timeout`; returns the last ticket
-    /// issued, which the caller's next sync will cover (or fail).
-    pub(crate) fn wait_for_waiters(&self, timeout: Duration) -> u64 {
+    /// issued, which the caller's next sync will cover (or fail). None once the thread is
+    /// asked to stop ([`stop`](Self::stop)).
+    pub(crate) fn wait_for_waiters(&self, timeout: Duration) -> Option<u64> {
         let mut s = self.state.lock();
         if !s.stopping && !s.waiters.keys().any(|t| *t > s.covered) {
             self.waiting.wait_for(&mut s, timeout);
         }
-        s.issued
+        (!s.stopping).then_some(s.issued)
     }
 
-    /// Asks the log-sync thread to stop: it returns from `wait_for_waiters` now and sees
-    /// `stopping`.
+    /// Asks the log-sync thread to stop: `wait_for_waiters` returns None now.
     pub(crate) fn stop(&self) {
         self.state.lock().stopping = true;
         self.waiting.notify_all();
-    }
-
-    pub(crate) fn stopping(&self) -> bool {
-        self.state.lock().stopping
     }
 
     /// Fails the waiting futures with tickets up to `upto` that no sync covered: their sync
@@ -255,13 +251,11 @@ mod tests {
         let g = Arc::new(GroupSync::default());
         let written = Arc::new(AtomicU64::new(0));
         let durable = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let thread = {
-            let (g, written, durable, stop) = (g.clone(), written.clone(), durable.clone(), stop.clone());
+            let (g, written, durable) = (g.clone(), written.clone(), durable.clone());
             std::thread::spawn(move || {
                 loop {
-                    g.wait_for_waiters(Duration::from_secs(30));
-                    if stop.load(Ordering::SeqCst) {
+                    if g.wait_for_waiters(Duration::from_secs(30)).is_none() {
                         g.shut_down("stopped");
                         return;
                     }
@@ -280,7 +274,7 @@ mod tests {
             assert!(durable.load(Ordering::SeqCst) >= mine, "ready before its write was synced");
         }
         assert!(start.elapsed() < Duration::from_secs(10), "the thread waited for its interval");
-        stop.store(true, Ordering::SeqCst);
+        g.stop();
         let e = block_on(g.durable()).unwrap_err();
         assert!(e.to_string().contains("stopped"), "{e}");
         thread.join().unwrap();
@@ -299,7 +293,7 @@ mod tests {
         let mut cx = Context::from_waker(&waker);
         let mut first = std::pin::pin!(g.durable());
         assert!(first.as_mut().poll(&mut cx).is_pending());
-        let upto = g.wait_for_waiters(Duration::ZERO);
+        let upto = g.wait_for_waiters(Duration::ZERO).expect("not stopped");
         let mut later = std::pin::pin!(g.durable());
         assert!(later.as_mut().poll(&mut cx).is_pending());
         g.fail_upto(upto, "disk gone");

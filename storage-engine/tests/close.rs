@@ -19,7 +19,7 @@ fn dropping_the_last_reference_closes_the_engine_on_the_callers_thread() {
     for round in 0..150u64 {
         let mut cfg = config(dir.path());
         cfg.wal_sync_interval_ms = 10;
-        let e = Engine::open(cfg).unwrap_or_else(|err| panic!("round {round}: the engine was still open: {err}"));
+        let e = Engine::open(cfg).unwrap_or_else(|err| panic!("round {round}: open: {err}"));
         let f = e.create(&c, ROOT_INO, format!("f{round}").as_bytes(), 0o644, true).unwrap();
         e.write(&c, f.ino, 0, &bytes(round, 100), Stability::Durable).unwrap();
         // Give the thread a sync to run around the drop.
