@@ -3,7 +3,8 @@
 # directory on the same disk, in one run, both driven by Samba's smbclient (-m SMB3, signing as
 # negotiated, no encryption unless BENCH_ENCRYPT=1), and prints a Markdown table of medians and
 # Aquifer/Samba ratios:
-#   - put and get of one BENCH_SIZE_MIB file (1 GiB by default);
+#   - put and get of one BENCH_SIZE_MIB file (1 GiB by default), and the get again into
+#     /dev/null;
 #   - BENCH_FILES 4 KiB files created with one smbclient session (`put` of each, one session).
 # Samba runs twice: its default configuration (smbclient signs only the session setup) and
 # `server signing = mandatory`, since Aquifer signs every message.
@@ -12,8 +13,9 @@
 #
 # Environment: AQUIFER_BIN (default /var/cache/aquifer-target/debug/aquifer), BENCH_SIZE_MIB
 # (1024), BENCH_FILES (500), BENCH_REPS (3), BENCH_ENCRYPT (0). Needs (apt): samba smbclient.
-# Runs as root; drops the page cache before timed reads when it can. Data lives under a
-# temporary directory in /var/tmp, removed at the end; servers are stopped by their pid.
+# Runs as root; drops the page cache before timed operations when it can (and reads the put's
+# source back into it). Data lives under a temporary directory in /var/tmp, removed at the
+# end; servers are stopped by their pid.
 set -euo pipefail
 
 bin=${AQUIFER_BIN:-/var/cache/aquifer-target/debug/aquifer}
@@ -35,6 +37,10 @@ cleanup() {
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
+# Before a put: a clean cold cache, then the source file back in the page cache, so that
+# smbclient reads it from memory for every server (as scripts/bench-nfs-sftp.sh does). Read
+# from the disk, it competes with the server that writes to the disk during the put.
+before_put() { drop_caches; cat "$work/big" > /dev/null; }
 now() { date +%s.%N; }
 
 aq_port=$(free_port)
@@ -88,12 +94,16 @@ for r in $(seq "$reps"); do
     order=("${servers[@]:k}" "${servers[@]:0:k}")
     for server in "${order[@]}"; do
         read -r port user <<< "$(target "$server")"
-        drop_caches
+        before_put
         res[$server.put]+="$(timed smb "$port" "$user" "put $work/big big$r") "
         drop_caches
         res[$server.get]+="$(timed smb "$port" "$user" "get big$r $work/back") "
         cmp -s "$work/big" "$work/back" || { echo "$server: get returned different bytes" >&2; exit 1; }
         rm -f "$work/back"
+        # The same get with smbclient writing nothing: its writes into the page cache cost it
+        # as much CPU as the rest of a get, and vary from run to run.
+        drop_caches
+        res[$server.getnull]+="$(timed smb "$port" "$user" "get big$r /dev/null") "
         smb "$port" "$user" "rm big$r"
     done
     for server in "${order[@]}"; do
@@ -101,7 +111,7 @@ for r in $(seq "$reps"); do
         res[$server.create]+="$(timed smb "$port" "$user" "$creates") "
         smb "$port" "$user" "deltree many"
     done
-    echo "round $r ($(IFS=,; echo "${order[*]}")): put ${res[aquifer.put]}/ ${res[samba.put]}/ ${res[samba-signed.put]}; get ${res[aquifer.get]}/ ${res[samba.get]}/ ${res[samba-signed.get]}; create ${res[aquifer.create]}/ ${res[samba.create]}/ ${res[samba-signed.create]} s" >&2
+    echo "round $r ($(IFS=,; echo "${order[*]}")): put ${res[aquifer.put]}/ ${res[samba.put]}/ ${res[samba-signed.put]}; get ${res[aquifer.get]}/ ${res[samba.get]}/ ${res[samba-signed.get]}; get to /dev/null ${res[aquifer.getnull]}/ ${res[samba.getnull]}/ ${res[samba-signed.getnull]}; create ${res[aquifer.create]}/ ${res[samba.create]}/ ${res[samba-signed.create]} s" >&2
 done
 
 # row LABEL OP AMOUNT: values are AMOUNT / seconds (medians); a round's ratio is the peer's
@@ -122,6 +132,7 @@ echo "| operation | Aquifer (signed) | Samba smbd (default) | Samba smbd (signin
 echo "|---|--:|--:|--:|--:|--:|"
 row "put $size_mib MiB (MiB/s)" put "$size_mib"
 row "get $size_mib MiB (MiB/s)" get "$size_mib"
+row "get $size_mib MiB to /dev/null (MiB/s)" getnull "$size_mib"
 row "create $nfiles × 4 KiB, one session (files/s)" create "$nfiles"
 echo
 echo "Medians of $reps rounds (ratios: median of the rounds' own ratios, with their range); encryption $([[ $encrypt == 1 ]] && echo on || echo off); $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)."
