@@ -21,7 +21,7 @@ use std::task::{Context, Poll};
 use bytes::{Buf, Bytes};
 use russh::server::Msg;
 use russh::{Channel, ChannelMsg};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{Semaphore, mpsc};
 
 /// Bytes of requests a session may have received and not yet read: twice what OpenSSH's sftp
@@ -31,13 +31,14 @@ pub(crate) const INBOUND_BYTES_MAX: usize = 32 << 20;
 /// A channel message's bytes and the queue permits they hold.
 type Chunk = (Bytes, u32);
 
-/// The subsystem's side of the channel: reads what the pump queued, writes to the channel.
+/// The subsystem's side of the channel: reads what the pump queued, sends replies on the
+/// channel.
 /// Dropping it closes the channel (as russh's own channel stream does).
 pub(crate) struct SftpStream {
     rx: mpsc::UnboundedReceiver<Chunk>,
     current: Option<Chunk>,
     budget: Arc<Semaphore>,
-    writer: Pin<Box<dyn AsyncWrite + Send>>,
+    /// Replies go out through it; dropped (closing the channel) with the stream.
     close: Option<russh::ChannelWriteHalf<Msg>>,
 }
 
@@ -66,7 +67,7 @@ pub(crate) fn stream(channel: Channel<Msg>) -> SftpStream {
             }
         }
     });
-    SftpStream { rx, current: None, budget, writer: Box::pin(write.make_writer()), close: Some(write) }
+    SftpStream { rx, current: None, budget, close: Some(write) }
 }
 
 impl AsyncRead for SftpStream {
@@ -93,17 +94,15 @@ impl AsyncRead for SftpStream {
     }
 }
 
-impl AsyncWrite for SftpStream {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        self.writer.as_mut().poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.writer.as_mut().poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.writer.as_mut().poll_shutdown(cx)
+impl SftpStream {
+    /// Sends a reply's parts on the channel as they are: each is cut into channel messages
+    /// that share its buffer (the channel's `AsyncWrite` would copy every message).
+    pub(crate) async fn send(&self, parts: Vec<Bytes>) -> io::Result<()> {
+        let write = self.close.as_ref().ok_or_else(|| io::Error::new(io::ErrorKind::BrokenPipe, "channel closed"))?;
+        for p in parts {
+            write.data_bytes(p).await.map_err(|e| io::Error::new(io::ErrorKind::BrokenPipe, e.to_string()))?;
+        }
+        Ok(())
     }
 }
 

@@ -6,6 +6,7 @@
 //! root stays at the root and symlink targets resolve inside it, so no path leads out.
 
 mod inbound;
+mod serve;
 mod session;
 
 use std::path::{Path, PathBuf};

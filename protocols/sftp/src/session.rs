@@ -4,19 +4,22 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use russh::server::{Auth, Msg, Session};
 use russh::{Channel, ChannelId};
-use russh_sftp::protocol::{Attrs, Data, ExtendedReply, File, FileAttributes, Handle, Name, OpenFlags, Packet, Status, StatusCode, Version};
+use russh_sftp::protocol::{Attrs, ExtendedReply, File, FileAttributes, Handle, Name, OpenFlags, Packet, Status, StatusCode, Version};
 use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ReadBytes, SetAttr, Stability, StatFs, TimeSet};
 use tracing::info;
+
+use crate::serve::data_reply;
 
 /// Open file and directory handles per SFTP session.
 const HANDLES_MAX: usize = 256;
 /// Largest READ answered, in bytes (OpenSSH asks for 32-256 KiB).
 const READ_BYTES_MAX: u32 = 256 * 1024;
-/// Largest packet a client may send: russh-sftp's limit on what it reads
-/// (`Config::max_client_packet_len`, 256 KiB), as OpenSSH's sftp-server's.
-const CLIENT_PACKET_BYTES_MAX: u64 = 256 * 1024;
+/// Largest packet a client may send (as OpenSSH's sftp-server's, and russh-sftp's
+/// `Config::max_client_packet_len`); a longer one ends the session (`serve::run`).
+pub(crate) const CLIENT_PACKET_BYTES_MAX: u64 = 256 * 1024;
 /// READ and WRITE lengths offered to clients by `limits@openssh.com`: the largest packet less
 /// room for a request's header, as OpenSSH's sftp-server offers. Without the extension its
 /// client moves 32 KiB a request; with it, 255 KiB.
@@ -191,7 +194,7 @@ impl russh::server::Handler for SshSession {
                 };
                 session.channel_success(channel_id)?;
                 let sftp = SftpSession { engine: self.engine.clone(), caller, root, handles: HashMap::new(), next_handle: 0, ahead: HashMap::new() };
-                russh_sftp::server::run(crate::inbound::stream(channel), sftp).await;
+                tokio::spawn(crate::serve::run(crate::inbound::stream(channel), sftp));
             }
             _ => session.channel_failure(channel_id)?,
         }
@@ -204,7 +207,7 @@ enum Open {
     Dir { ino: Ino, cursor: Option<Vec<u8>>, done: bool },
 }
 
-struct SftpSession {
+pub(crate) struct SftpSession {
     engine: Arc<Engine>,
     caller: Caller,
     /// The directory this session sees as `/`: the namespace root, or the user's chroot.
@@ -399,9 +402,38 @@ impl SftpSession {
         Ok(h)
     }
 
-    /// Serves `[offset, offset + len)` from the handle's readahead window, and starts reading
-    /// the next window when the handle is read sequentially. `None`: read directly.
-    async fn read_ahead(&mut self, handle: &str, ino: Ino, offset: u64, len: usize) -> Option<Vec<u8>> {
+    /// The reply to READ `id`: at most `len` bytes of the file at `offset` as SSH_FXP_DATA, or
+    /// the status that says why not (EOF at or past the end).
+    pub(crate) async fn read_reply(&mut self, id: u32, handle: &str, offset: u64, len: u32) -> Vec<Bytes> {
+        match self.read_packet(id, handle, offset, len).await {
+            Ok(p) => p,
+            Err(code) => vec![crate::serve::encode(Packet::error(id, code))],
+        }
+    }
+
+    async fn read_packet(&mut self, id: u32, handle: &str, offset: u64, len: u32) -> Result<Vec<Bytes>, StatusCode> {
+        let (ino, _) = self.file_ino(handle)?;
+        let len = len.min(READ_BYTES_MAX) as usize;
+        let (packet, n) = match self.read_ahead(id, handle, ino, offset, len).await {
+            Some(p) => (p, len),
+            None => {
+                let pieces = self.run(move |e, c, _| e.read_shared(c, ino, offset, len)).await?;
+                let n = pieces.iter().map(|p| p.len()).sum::<usize>().min(len);
+                (data_reply(id, &pieces, 0, n), n)
+            }
+        };
+        if n == 0 && len > 0 {
+            return Err(StatusCode::Eof);
+        }
+        let st = self.ahead.entry(handle.to_string()).or_insert(SeqRead { next: u64::MAX, current: None, pending: None });
+        st.next = offset + n as u64;
+        Ok(packet)
+    }
+
+    /// Serves `[offset, offset + len)` from the handle's readahead window as the reply to READ
+    /// `id`, and starts reading the next window when the handle is read sequentially. `None`:
+    /// read directly.
+    async fn read_ahead(&mut self, id: u32, handle: &str, ino: Ino, offset: u64, len: usize) -> Option<Vec<Bytes>> {
         let st = self.ahead.get_mut(handle)?;
         if st.next != offset {
             st.current = None;
@@ -455,7 +487,7 @@ impl SftpSession {
         let st = self.ahead.get_mut(handle)?;
         let w = st.current.as_ref().filter(|w| covers(w))?;
         let a = (offset - w.0) as usize;
-        ReadBytes::slice_of(&w.1, a, a + len).map(ReadBytes::into_vec)
+        Some(data_reply(id, &w.1, a, a + len))
     }
 
     fn file_ino(&self, handle: &str) -> Result<(Ino, bool), StatusCode> {
@@ -537,20 +569,8 @@ impl russh_sftp::server::Handler for SftpSession {
         }
     }
 
-    async fn read(&mut self, id: u32, handle: String, offset: u64, len: u32) -> Result<Data, Self::Error> {
-        let (ino, _) = self.file_ino(&handle)?;
-        let len = len.min(READ_BYTES_MAX) as usize;
-        let data = match self.read_ahead(&handle, ino, offset, len).await {
-            Some(d) => d,
-            None => self.run(move |e, c, _| e.read(c, ino, offset, len)).await?,
-        };
-        if data.is_empty() && len > 0 {
-            return Err(StatusCode::Eof);
-        }
-        let st = self.ahead.entry(handle).or_insert(SeqRead { next: u64::MAX, current: None, pending: None });
-        st.next = offset + data.len() as u64;
-        Ok(Data { id, data })
-    }
+    // READ is served by `serve::run` (`SftpSession::read_reply`), which builds the reply from
+    // the bytes the engine read.
 
     async fn write(&mut self, id: u32, handle: String, offset: u64, data: Vec<u8>) -> Result<Status, Self::Error> {
         let (ino, append) = self.file_ino(&handle)?;

@@ -661,3 +661,119 @@ async fn connections_that_do_not_log_in_in_time_are_closed() {
     assert_eq!(String::from_utf8_lossy(&early.stdout).trim(), "listed", "a session that logged in at once: {}", show(&early));
     server.stop().await;
 }
+
+/// Speaks SFTP itself over paramiko's SSH channel: argv port, password, the expected bytes of
+/// /home/r.bin. Prints "ok" when every answer was the right one.
+const RAW_PACKETS_SCRIPT: &str = r#"
+import struct, sys, paramiko
+port, pw, want = int(sys.argv[1]), sys.argv[2], open(sys.argv[3], "rb").read()
+
+def session():
+    t = paramiko.Transport(("127.0.0.1", port))
+    t.connect(username="alice", password=pw)
+    ch = t.open_session()
+    ch.invoke_subsystem("sftp")
+    ch.settimeout(30)
+    send(ch, bytes([1]) + struct.pack(">I", 3))  # INIT, version 3
+    assert recv(ch)[0] == 2, "no VERSION"
+    return t, ch
+
+def send(ch, body):
+    ch.sendall(struct.pack(">I", len(body)) + body)
+
+def exact(ch, n):
+    b = b""
+    while len(b) < n:
+        c = ch.recv(n - len(b))
+        if not c:
+            raise EOFError("channel closed")
+        b += c
+    return b
+
+def recv(ch):
+    return exact(ch, struct.unpack(">I", exact(ch, 4))[0])
+
+def s(b):
+    return struct.pack(">I", len(b)) + b
+
+def status(r, rid, code):
+    assert r[0] == 101, ("not a STATUS", r[:16])
+    got = struct.unpack(">II", r[1:9])
+    assert got == (rid, code), ("STATUS", got, "wanted", (rid, code))
+
+t, ch = session()
+send(ch, bytes([250]) + b"junk")  # unknown type
+status(recv(ch), 0, 5)  # BAD_MESSAGE, the session goes on
+send(ch, bytes([5]) + struct.pack(">I", 7) + b"\x00\x00")  # READ cut short
+status(recv(ch), 0, 5)
+send(ch, bytes([5]) + struct.pack(">I", 8) + s(b"h999") + struct.pack(">QI", 0, 100))  # handle never opened
+status(recv(ch), 8, 4)  # FAILURE, for request 8
+
+send(ch, bytes([3]) + struct.pack(">I", 9) + s(b"/home/r.bin") + struct.pack(">II", 1, 0))  # OPEN for reading
+r = recv(ch)
+assert r[0] == 102 and r[1:5] == struct.pack(">I", 9), ("no HANDLE", r[:16])
+h = r[9:9 + struct.unpack(">I", r[5:9])[0]]
+rid = 10
+def read(off, n):
+    global rid
+    rid += 1
+    send(ch, bytes([5]) + struct.pack(">I", rid) + s(h) + struct.pack(">QI", off, n))
+    return recv(ch)
+# A sequential run (read ahead in windows), then jumps, a READ across the end, one past it.
+off = 0
+while off < len(want):
+    r = read(off, 32768)
+    assert r[0] == 103 and r[1:5] == struct.pack(">I", rid), ("no DATA", off, r[:16])
+    n = struct.unpack(">I", r[5:9])[0]
+    assert r[9:] == want[off:off + n] and n == min(32768, len(want) - off), ("bytes at", off, n)
+    off += n
+for off, n in [(1048570, 12), (5, 262144), (len(want) - 3, 100), (2 * 1048576 - 1, 1)]:
+    r = read(off, n)
+    assert r[0] == 103 and r[9:] == want[off:off + n], ("bytes at", off, n)
+status(read(len(want), 10), rid, 1)  # EOF
+status(read(len(want) + 4096, 10), rid, 1)
+
+# A length past the limit: the session ends, the connection's other sessions do not.
+ch.sendall(struct.pack(">I", 0x7fffffff) + b"x" * 1000)
+try:
+    r = recv(ch)
+    raise AssertionError(("answered an oversized packet", r[:16]))
+except EOFError:
+    pass
+ch2 = t.open_session()
+ch2.invoke_subsystem("sftp")
+ch2.settimeout(30)
+send(ch2, bytes([1]) + struct.pack(">I", 3))
+assert recv(ch2)[0] == 2, "no VERSION on a second session"
+t.close()
+print("ok")
+"#;
+
+/// Requests built by hand: an unknown packet type, a cut-short request, a foreign handle and
+/// READs past the end are answered with the right status and the session goes on; READs at
+/// any offset return the file's bytes; a packet longer than the limit ends its session
+/// (without answering it) and not the connection; the file is as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn raw_packets_are_answered_or_end_the_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let data = bytes(21, 3 * 1024 * 1024 + 5);
+    let sys = Caller::system();
+    let home = e.resolve(&sys, "/home").unwrap();
+    let f = e.create(&sys, home.ino, b"r.bin", 0o644, true).unwrap();
+    e.write(&sys, f.ino, 0, &data, storage_engine::Stability::Durable).unwrap();
+    let server = Server::start(e.clone(), &dir.path().join("key")).await;
+    let work = tempfile::tempdir().unwrap();
+    let want = work.path().join("want.bin");
+    std::fs::write(&want, &data).unwrap();
+    let script = work.path().join("raw.py");
+    std::fs::write(&script, RAW_PACKETS_SCRIPT).unwrap();
+    let check = run("python3", vec!["-c".into(), "import paramiko".into()], "python3").await;
+    assert!(check.status.success(), "python3 has no paramiko: install it with `pip install paramiko` (scripts/deps.sh)");
+    let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into(), want.display().to_string()], "python3").await;
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok", "raw SFTP: {}", show(&out));
+    assert_eq!(read_all(&e, "/home/r.bin"), data);
+    let names: Vec<Vec<u8>> = e.readdir(&sys, home.ino, None, 100).unwrap().entries.into_iter().map(|d| d.name).collect();
+    assert_eq!(names, vec![b"r.bin".to_vec()]);
+    server.stop().await;
+}
