@@ -8,6 +8,7 @@
 mod inbound;
 mod serve;
 mod session;
+mod wire;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -22,23 +22,24 @@ use storage_engine::ReadBytes;
 use tracing::{debug, info};
 
 use crate::inbound::SftpStream;
-use crate::session::{CLIENT_PACKET_BYTES_MAX, SftpSession};
+use crate::session::SftpSession;
+use crate::wire::{CLIENT_PACKET_BYTES_MAX, decode, packet_len};
 
 /// Serves SFTP on `stream` until the client closes it or breaks the protocol.
 pub(crate) async fn run(mut stream: SftpStream, mut session: SftpSession) {
     while let Ok(len) = stream.read_u32().await {
-        if u64::from(len) > CLIENT_PACKET_BYTES_MAX {
+        let Some(len) = packet_len(len) else {
             info!(len, "SFTP session ended: a packet longer than {CLIENT_PACKET_BYTES_MAX} bytes");
             break;
-        }
-        let mut buf = vec![0; len as usize];
+        };
+        let mut buf = vec![0; len];
         if stream.read_exact(&mut buf).await.is_err() {
             break;
         }
-        let reply = match Packet::try_from(&mut Bytes::from(buf)) {
+        let reply = match decode(buf) {
             Ok(Packet::Read(r)) => session.read_reply(r.id, &r.handle, r.offset, r.len).await,
             Ok(request) => vec![encode(serve(request, &mut session).await)],
-            Err(_) => vec![encode(Packet::error(0, StatusCode::BadMessage))],
+            Err(code) => vec![encode(Packet::error(0, code))],
         };
         if let Err(e) = stream.send(reply).await {
             debug!("SFTP session ended: reply not sent: {e}");

@@ -12,14 +12,12 @@ use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ReadBytes, SetA
 use tracing::info;
 
 use crate::serve::data_reply;
+use crate::wire::{CLIENT_PACKET_BYTES_MAX, components, join, ssh_strings};
 
 /// Open file and directory handles per SFTP session.
 const HANDLES_MAX: usize = 256;
 /// Largest READ answered, in bytes (OpenSSH asks for 32-256 KiB).
 const READ_BYTES_MAX: u32 = 256 * 1024;
-/// Largest packet a client may send (as OpenSSH's sftp-server's, and russh-sftp's
-/// `Config::max_client_packet_len`); a longer one ends the session (`serve::run`).
-pub(crate) const CLIENT_PACKET_BYTES_MAX: u64 = 256 * 1024;
 /// READ and WRITE lengths offered to clients by `limits@openssh.com`: the largest packet less
 /// room for a request's header, as OpenSSH's sftp-server offers. Without the extension its
 /// client moves 32 KiB a request; with it, 255 KiB.
@@ -261,25 +259,6 @@ fn code(e: &Error) -> StatusCode {
 
 fn ok(id: u32) -> Status {
     Status { id, status_code: StatusCode::Ok, error_message: "Ok".into(), language_tag: "en-US".into() }
-}
-
-/// Lexically normalised absolute path components; `..` at the root stays at the root.
-pub(crate) fn components(path: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for c in path.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => {
-                out.pop();
-            }
-            c => out.push(c.to_string()),
-        }
-    }
-    out
-}
-
-pub(crate) fn join(comps: &[String]) -> String {
-    format!("/{}", comps.join("/"))
 }
 
 fn attrs_of(a: &Attr) -> FileAttributes {
@@ -812,22 +791,6 @@ const EXTENSIONS: [(&str, &str); 6] = [
 
 /// Block size reported by statvfs (the unit of its block counts).
 const STATVFS_BLOCK_BYTES: u64 = 4096;
-
-/// The `N` SSH strings (u32 length, bytes) that make up an extended request's data, exactly.
-fn ssh_strings<const N: usize>(mut data: &[u8]) -> Result<[String; N], StatusCode> {
-    let mut out: [String; N] = std::array::from_fn(|_| String::new());
-    for s in &mut out {
-        let len: [u8; 4] = data.get(..4).ok_or(StatusCode::BadMessage)?.try_into().expect("four bytes");
-        let n = u32::from_be_bytes(len) as usize;
-        let bytes = data.get(4..4usize.saturating_add(n)).ok_or(StatusCode::BadMessage)?;
-        *s = String::from_utf8(bytes.to_vec()).map_err(|_| StatusCode::BadMessage)?;
-        data = &data[4 + n..];
-    }
-    if !data.is_empty() {
-        return Err(StatusCode::BadMessage);
-    }
-    Ok(out)
-}
 
 /// The statvfs@openssh.com reply: eleven u64 (bsize, frsize, blocks, bfree, bavail, files,
 /// ffree, favail, fsid, flag, namemax). The engine has no inode table to run out of; free

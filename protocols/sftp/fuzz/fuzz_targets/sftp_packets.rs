@@ -1,0 +1,108 @@
+//! Fuzzes what an SFTP client's bytes pass through before the engine sees them
+//! (protocols/sftp/src/wire.rs, compiled here unchanged): the input is the subsystem's byte
+//! stream, cut into packets by their length as `serve::run` cuts it (a packet over the limit
+//! ends the session), each packet decoded by russh-sftp, an extended request's data read as
+//! the SSH strings its extension takes, and every path normalised as the session resolves it.
+//!
+//!     RUSTC_BOOTSTRAP=1 cargo fuzz run sftp_packets -- -max_total_time=240 -malloc_limit_mb=64
+//!
+//! Besides crashes and allocations over the limit (a packet is at most 256 KiB), it checks:
+//! normalised paths have no empty, `.` or `..` component and no `/` inside one, and
+//! normalising their joined form gives them back; a decoded request encodes and decodes to
+//! the same request.
+#![no_main]
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use libfuzzer_sys::fuzz_target;
+use russh_sftp::protocol::Packet;
+
+#[path = "../../src/wire.rs"]
+#[allow(dead_code)]
+mod wire;
+
+fuzz_target!(|data: &[u8]| {
+    let mut rest = data;
+    while let Some(len) = rest.get(..4) {
+        let len = u32::from_be_bytes(len.try_into().expect("four bytes"));
+        let Some(n) = wire::packet_len(len) else { break };
+        let Some(packet) = rest.get(4..4 + n) else { break };
+        rest = &rest[4 + n..];
+        if let Ok(request) = wire::decode(packet.to_vec()) {
+            paths(&request);
+            round_trip(request);
+        }
+    }
+});
+
+fn path(p: &str) {
+    let c = wire::components(p);
+    for x in &c {
+        assert!(!x.is_empty() && x != "." && x != ".." && !x.contains('/'), "{p:?} gave component {x:?}");
+    }
+    let joined = wire::join(&c);
+    assert!(joined.starts_with('/'));
+    assert_eq!(wire::components(&joined), c, "{p:?} normalised twice");
+}
+
+fn paths(request: &Packet) {
+    match request {
+        Packet::Open(p) => path(&p.filename),
+        Packet::Remove(p) => path(&p.filename),
+        Packet::Lstat(p) => path(&p.path),
+        Packet::Stat(p) => path(&p.path),
+        Packet::SetStat(p) => path(&p.path),
+        Packet::OpenDir(p) => path(&p.path),
+        Packet::MkDir(p) => path(&p.path),
+        Packet::RmDir(p) => path(&p.path),
+        Packet::RealPath(p) => path(&p.path),
+        Packet::ReadLink(p) => path(&p.path),
+        Packet::Rename(p) => {
+            path(&p.oldpath);
+            path(&p.newpath);
+        }
+        Packet::Symlink(p) => {
+            path(&p.linkpath);
+            path(&p.targetpath);
+        }
+        // The extensions the session serves, and the strings each takes (session.rs).
+        Packet::Extended(p) => match p.request.as_str() {
+            "fsync@openssh.com" | "fstatvfs@openssh.com" => {
+                let _ = wire::ssh_strings::<1>(&p.data);
+            }
+            "statvfs@openssh.com" => {
+                if let Ok([a]) = wire::ssh_strings::<1>(&p.data) {
+                    path(&a);
+                }
+            }
+            _ => {
+                if let Ok([a, b]) = wire::ssh_strings::<2>(&p.data) {
+                    path(&a);
+                    path(&b);
+                }
+            }
+        },
+        _ => {}
+    }
+}
+
+/// A packet as the session reads it: its fields, with INIT's and VERSION's extensions in
+/// order (a `HashMap`'s order differs from one map to the next).
+fn fields(p: &Packet) -> String {
+    match p {
+        Packet::Init(i) => format!("Init {} {:?}", i.version, i.extensions.iter().collect::<BTreeMap<_, _>>()),
+        Packet::Version(v) => format!("Version {} {:?}", v.version, v.extensions.iter().collect::<BTreeMap<_, _>>()),
+        p => format!("{p:?}"),
+    }
+}
+
+fn round_trip(request: Packet) {
+    let before = fields(&request);
+    let mut wire = Bytes::try_from(request).expect("a decoded packet encodes");
+    let len = u32::from_be_bytes(wire[..4].try_into().expect("length")) as usize;
+    assert_eq!(len, wire.len() - 4, "length field");
+    let mut body = wire.split_off(4);
+    let again = Packet::try_from(&mut body).expect("an encoded packet decodes");
+    assert_eq!(fields(&again), before, "decoded, encoded and decoded again");
+}
