@@ -732,6 +732,20 @@ for off, n in [(1048570, 12), (5, 262144), (len(want) - 3, 100), (2 * 1048576 - 
     assert r[0] == 103 and r[9:] == want[off:off + n], ("bytes at", off, n)
 status(read(len(want), 10), rid, 1)  # EOF
 status(read(len(want) + 4096, 10), rid, 1)
+status(read((1 << 64) - 1, 10), rid, 1)  # the largest offset
+
+# WRITEs past the largest file are refused and change nothing (the test reads the file).
+send(ch, bytes([3]) + struct.pack(">I", 60) + s(b"/home/r.bin") + struct.pack(">II", 2, 0))  # OPEN for writing
+r = recv(ch)
+assert r[0] == 102, ("no HANDLE for writing", r[:16])
+wh = r[9:9 + struct.unpack(">I", r[5:9])[0]]
+for i, off in enumerate([(1 << 64) - 10, (1 << 64) - 1, 1 << 63, 1 << 62]):
+    send(ch, bytes([6]) + struct.pack(">I", 61 + i) + s(wh) + struct.pack(">Q", off) + s(b"y" * 100))
+    r = recv(ch)
+    assert r[0] == 101 and struct.unpack(">II", r[1:9])[0] == 61 + i, ("no STATUS", off, r[:16])
+    assert struct.unpack(">II", r[1:9])[1] == 4, ("WRITE past the largest file not refused with FAILURE", off, r[:16])
+send(ch, bytes([4]) + struct.pack(">I", 70) + s(wh))  # CLOSE
+status(recv(ch), 70, 0)
 
 # A length past the limit: the session ends, the connection's other sessions do not.
 ch.sendall(struct.pack(">I", 0x7fffffff) + b"x" * 1000)
@@ -749,9 +763,9 @@ t.close()
 print("ok")
 "#;
 
-/// Requests built by hand: an unknown packet type, a cut-short request, a foreign handle and
-/// READs past the end are answered with the right status and the session goes on; READs at
-/// any offset return the file's bytes; a packet longer than the limit ends its session
+/// Requests built by hand: an unknown packet type, a cut-short request, a foreign handle,
+/// READs past the end and WRITEs past the largest file are answered with the right status and
+/// the session goes on; READs at any offset return the file's bytes; a packet longer than the limit ends its session
 /// (without answering it) and not the connection; the file is as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn raw_packets_are_answered_or_end_the_session() {
@@ -760,7 +774,7 @@ async fn raw_packets_are_answered_or_end_the_session() {
     let data = bytes(21, 3 * 1024 * 1024 + 5);
     let sys = Caller::system();
     let home = e.resolve(&sys, "/home").unwrap();
-    let f = e.create(&sys, home.ino, b"r.bin", 0o644, true).unwrap();
+    let f = e.create(&sys, home.ino, b"r.bin", 0o666, true).unwrap();
     e.write(&sys, f.ino, 0, &data, storage_engine::Stability::Durable).unwrap();
     let server = Server::start(e.clone(), &dir.path().join("key")).await;
     let work = tempfile::tempdir().unwrap();
