@@ -135,37 +135,36 @@ impl ReadBytes {
     /// at shard boundaries, what sequential readers send), else a copy. `None` when the pieces
     /// end before `b` (the file was shorter when it was read).
     pub fn slice_of(pieces: &[ReadBytes], a: usize, b: usize) -> Option<ReadBytes> {
-        let mut at = 0;
-        let mut copy: Option<Vec<u8>> = None;
-        for p in pieces {
-            let (pa, pb) = (at, at + p.len());
-            at = pb;
-            if pb <= a {
-                continue;
+        let mut parts = Self::slices_of(pieces, a, b);
+        let first = parts.next()?;
+        let one = match parts.next() {
+            None => first,
+            Some(second) => {
+                let mut copy = Vec::with_capacity(b - a);
+                for p in [first, second].into_iter().chain(parts) {
+                    copy.extend_from_slice(&p);
+                }
+                copy.into()
             }
-            if pa >= b {
-                break;
-            }
-            if pa <= a && b <= pb {
-                return Some(p.slice(a - pa..b - pa));
-            }
-            copy.get_or_insert_with(|| Vec::with_capacity(b - a)).extend_from_slice(&p[a.max(pa) - pa..b.min(pb) - pa]);
-        }
-        copy.filter(|c| c.len() == b - a).map(ReadBytes::from)
+        };
+        (one.len() == b - a).then_some(one)
     }
-}
 
-impl ReadBytes {
-    /// The bytes as a `Vec`: the buffer itself when these are the only holder of a whole
-    /// buffer of their own (a copy across pieces from [`slice_of`](Self::slice_of)), else a
-    /// copy.
-    pub fn into_vec(self) -> Vec<u8> {
-        let ReadBytes { buf, range } = self;
-        match Arc::try_unwrap(buf) {
-            Ok(Backing::Owned(v)) if range == (0..v.len()) => v,
-            Ok(b) => b.bytes()[range].to_vec(),
-            Err(shared) => shared.bytes()[range].to_vec(),
-        }
+    /// The parts of bytes `[a, b)` of a read's pieces taken as one run, in order, each a slice
+    /// sharing its piece's buffer; they hold fewer than `b - a` bytes when the pieces end
+    /// before `b`.
+    pub fn slices_of(pieces: &[ReadBytes], a: usize, b: usize) -> impl Iterator<Item = ReadBytes> + '_ {
+        let mut at = 0;
+        pieces
+            .iter()
+            .map(move |p| {
+                let pa = at;
+                at += p.len();
+                (pa, p)
+            })
+            .filter(move |&(pa, p)| pa + p.len() > a)
+            .take_while(move |&(pa, _)| pa < b)
+            .map(move |(pa, p)| p.slice(a.max(pa) - pa..b.min(pa + p.len()) - pa))
     }
 }
 
@@ -180,6 +179,14 @@ impl std::ops::Deref for ReadBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         &self.buf.bytes()[self.range.clone()]
+    }
+}
+
+/// So that a protocol's send buffer (`bytes::Bytes::from_owner`) can hold read bytes where they
+/// lie.
+impl AsRef<[u8]> for ReadBytes {
+    fn as_ref(&self) -> &[u8] {
+        self
     }
 }
 
@@ -1169,14 +1176,26 @@ mod tests {
         // Inside one piece: the same memory, no copy.
         let got = ReadBytes::slice_of(&pieces, 1100, 1200).unwrap();
         assert!(std::ptr::eq(got.as_ptr(), pieces[2][76..].as_ptr()), "a read inside a piece shares its buffer");
-        // As a Vec: a slice of a shared buffer is copied; a copy across pieces is handed over.
-        assert_eq!(got.into_vec(), &whole[1100..1200]);
-        assert_eq!(pieces[2].len(), 1976, "the piece a slice was copied out of is untouched");
-        let across = ReadBytes::slice_of(&pieces, 500, 2500).unwrap();
-        let at = across.as_ptr();
-        let v = across.into_vec();
-        assert_eq!(v, &whole[500..2500]);
-        assert!(std::ptr::eq(v.as_ptr(), at), "the copy across pieces is not copied again");
+        assert_eq!(&*got, &whole[1100..1200]);
+        assert_eq!(pieces[2].len(), 1976, "the piece a slice was taken from is untouched");
+    }
+
+    /// The parts of a run share their pieces' buffers, hold its bytes in order, and fall short
+    /// where the pieces end.
+    #[test]
+    fn runs_are_the_pieces_slices() {
+        let whole: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let pieces: Vec<ReadBytes> = [0..1000, 1000..1000, 1000..1024, 1024..3000].into_iter().map(|r| ReadBytes::from(whole[r].to_vec())).collect();
+        for (a, b) in [(0, 3000), (500, 2500), (999, 1001), (1000, 1024), (1024, 1025), (5, 5), (1000, 1000), (2999, 3000)] {
+            let parts: Vec<ReadBytes> = ReadBytes::slices_of(&pieces, a, b).collect();
+            assert_eq!(parts.iter().flat_map(|p| p.to_vec()).collect::<Vec<u8>>(), &whole[a..b], "[{a}, {b})");
+            for p in &parts {
+                assert!(pieces.iter().any(|q| q.as_ptr_range().contains(&p.as_ptr()) || p.is_empty()), "[{a}, {b}): a part that is not a piece's slice");
+            }
+        }
+        let short: Vec<ReadBytes> = ReadBytes::slices_of(&pieces, 2500, 3500).collect();
+        assert_eq!(short.iter().flat_map(|p| p.to_vec()).collect::<Vec<u8>>(), &whole[2500..3000], "past the pieces' end");
+        assert_eq!(ReadBytes::slices_of(&[], 0, 10).count(), 0);
     }
 
     #[test]

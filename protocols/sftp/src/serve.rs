@@ -106,44 +106,25 @@ async fn serve(request: Packet, h: &mut SftpSession) -> Packet {
 /// engine's read buffers.
 const DATA_WITH_HEADER: usize = 32 * 1024 - 13;
 
-/// A piece of the engine's read buffers, held by the channel message that carries it.
-struct Piece(ReadBytes);
-
-impl AsRef<[u8]> for Piece {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
 /// An SSH_FXP_DATA reply to `id` of `pieces`' bytes `[a, b)` taken as one run (the caller
 /// checks the pieces hold them): the header with the first bytes in one buffer, then the
 /// rest sharing the pieces' buffers.
 pub(crate) fn data_reply(id: u32, pieces: &[ReadBytes], a: usize, b: usize) -> Vec<Bytes> {
     const SSH_FXP_DATA: u8 = 103;
     let n = b - a;
-    let split = a + n.min(DATA_WITH_HEADER);
-    let mut first = Vec::with_capacity(13 + split - a);
+    let mut first = Vec::with_capacity(13 + n.min(DATA_WITH_HEADER));
     first.extend_from_slice(&(9 + n as u32).to_be_bytes());
     first.push(SSH_FXP_DATA);
     first.extend_from_slice(&id.to_be_bytes());
     first.extend_from_slice(&(n as u32).to_be_bytes());
     let mut out = Vec::new();
-    let mut at = 0;
-    for p in pieces {
-        let (pa, pb) = (at, at + p.len());
-        at = pb;
-        if pb <= a {
-            continue;
-        }
-        if pa >= b {
-            break;
-        }
-        let (x, y) = (a.max(pa), b.min(pb));
-        if x < split {
-            first.extend_from_slice(&p[x - pa..y.min(split) - pa]);
-        }
-        if y > split {
-            out.push(Bytes::from_owner(Piece(p.slice(x.max(split) - pa..y - pa))));
+    let mut room = n.min(DATA_WITH_HEADER);
+    for part in ReadBytes::slices_of(pieces, a, b) {
+        let k = room.min(part.len());
+        first.extend_from_slice(&part[..k]);
+        room -= k;
+        if k < part.len() {
+            out.push(Bytes::from_owner(part.slice(k..part.len())));
         }
     }
     debug_assert_eq!(first.len() - 13 + out.iter().map(Bytes::len).sum::<usize>(), n, "pieces shorter than the run");

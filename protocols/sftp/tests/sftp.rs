@@ -2,7 +2,7 @@
 //! `paramiko`, and libnfs for the cross-protocol check.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
 
@@ -119,6 +119,15 @@ fn show(o: &Output) -> String {
     format!("{}\nstdout: {}\nstderr: {}", o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
+/// Writes a paramiko script into `dir`, after checking that python3 can import paramiko.
+async fn paramiko_script(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let check = run("python3", vec!["-c".into(), "import paramiko".into()], "python3").await;
+    assert!(check.status.success(), "python3 has no paramiko: install it with `pip install paramiko` (scripts/deps.sh)");
+    let script = dir.join(name);
+    std::fs::write(&script, text).unwrap();
+    script
+}
+
 fn read_all(e: &Engine, path: &str) -> Vec<u8> {
     let c = Caller::system();
     let a = e.resolve(&c, path).expect("resolve");
@@ -224,10 +233,7 @@ async fn paramiko_partial_reads_seeks_large_files_and_confinement() {
     let data = bytes(9, 5 * 1024 * 1024 + 77);
     let data_path = work.path().join("data.bin");
     std::fs::write(&data_path, &data).unwrap();
-    let script = work.path().join("t.py");
-    std::fs::write(&script, PARAMIKO_SCRIPT).unwrap();
-    let check = run("python3", vec!["-c".into(), "import paramiko".into()], "python3").await;
-    assert!(check.status.success(), "python3 has no paramiko: install it with `pip install paramiko` (scripts/deps.sh)");
+    let script = paramiko_script(work.path(), "t.py", PARAMIKO_SCRIPT).await;
     let out = run(
         "python3",
         vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into(), data_path.display().to_string()],
@@ -363,8 +369,7 @@ async fn openssh_extensions_posix_rename_statvfs_hardlink_fsync() {
     let sys = Caller::system();
     let fs = e.statfs(&sys).unwrap();
 
-    let script = work.path().join("ext.py");
-    std::fs::write(&script, EXTENSIONS_SCRIPT).unwrap();
+    let script = paramiko_script(work.path(), "ext.py", EXTENSIONS_SCRIPT).await;
     let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into()], "python3 with paramiko").await;
     assert!(out.status.success(), "paramiko: {}", show(&out));
     let text = String::from_utf8_lossy(&out.stdout);
@@ -438,8 +443,7 @@ async fn downloads_with_more_reads_in_flight_than_the_window_holds() {
     assert_eq!(read_all(&e, "/home/big.bin"), data, "put");
     assert!(std::fs::read(work.path().join("got.bin")).unwrap() == data, "OpenSSH get");
 
-    let script = work.path().join("prefetch.py");
-    std::fs::write(&script, PREFETCH_SCRIPT).unwrap();
+    let script = paramiko_script(work.path(), "prefetch.py", PREFETCH_SCRIPT).await;
     let back = work.path().join("prefetched.bin");
     // A stopped session would hang the client: `timeout` ends it and the test fails.
     let args = vec!["120".into(), "python3".into(), script.display().to_string(), server.addr.port().to_string(), PASSWORD.into(), src.display().to_string(), back.display().to_string()];
@@ -523,8 +527,7 @@ async fn chroot_confines_paths_symlinks_and_writes() {
 
     let server = Server::start(e.clone(), &dir.path().join("key")).await;
     let work = tempfile::tempdir().unwrap();
-    let script = work.path().join("chroot.py");
-    std::fs::write(&script, CHROOT_SCRIPT).unwrap();
+    let script = paramiko_script(work.path(), "chroot.py", CHROOT_SCRIPT).await;
     let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into()], "python3 with paramiko").await;
     assert!(out.status.success(), "paramiko: {}", show(&out));
     assert_eq!(read_all(&e, "/home/jail/escape.txt"), b"inside");
@@ -648,10 +651,7 @@ async fn connections_that_do_not_log_in_in_time_are_closed() {
     assert!(started.elapsed() >= std::time::Duration::from_millis(900), "closed after {:?}", started.elapsed());
 
     let work = tempfile::tempdir().unwrap();
-    let script = work.path().join("login.py");
-    std::fs::write(&script, PARAMIKO_LOGIN_SCRIPT).unwrap();
-    let check = run("python3", vec!["-c".into(), "import paramiko".into()], "python3").await;
-    assert!(check.status.success(), "python3 has no paramiko: install it with `pip install paramiko` (scripts/deps.sh)");
+    let script = paramiko_script(work.path(), "login.py", PARAMIKO_LOGIN_SCRIPT).await;
     let login = |pause: &str, first: &str| {
         run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into(), pause.into(), first.into()], "python3")
     };
@@ -780,10 +780,7 @@ async fn raw_packets_are_answered_or_end_the_session() {
     let work = tempfile::tempdir().unwrap();
     let want = work.path().join("want.bin");
     std::fs::write(&want, &data).unwrap();
-    let script = work.path().join("raw.py");
-    std::fs::write(&script, RAW_PACKETS_SCRIPT).unwrap();
-    let check = run("python3", vec!["-c".into(), "import paramiko".into()], "python3").await;
-    assert!(check.status.success(), "python3 has no paramiko: install it with `pip install paramiko` (scripts/deps.sh)");
+    let script = paramiko_script(work.path(), "raw.py", RAW_PACKETS_SCRIPT).await;
     let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into(), want.display().to_string()], "python3").await;
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok", "raw SFTP: {}", show(&out));
     assert_eq!(read_all(&e, "/home/r.bin"), data);

@@ -642,15 +642,6 @@ impl Chunk {
     }
 }
 
-/// A piece of a read, as it lies in the drive buffer.
-struct Shared(storage_engine::ReadBytes);
-
-impl AsRef<[u8]> for Shared {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
 impl Drop for Chunk {
     fn drop(&mut self) {
         self.budget.fetch_sub(self.len, Ordering::Relaxed);
@@ -743,7 +734,7 @@ impl ReadAhead {
 /// racing the read makes the chunk stale rather than the stamp new.
 fn read_chunk(engine: &Engine, caller: &Caller, ino: Ino, offset: u64, len: usize, budget: Arc<AtomicUsize>) -> SmbResult<Chunk> {
     let stamp = Stamp::of(&engine.getattr(caller, ino).map_err(smb_error)?);
-    let pieces: Vec<Bytes> = engine.read_shared(caller, ino, offset, len).map_err(smb_error)?.into_iter().map(|p| Bytes::from_owner(Shared(p))).collect();
+    let pieces: Vec<Bytes> = engine.read_shared(caller, ino, offset, len).map_err(smb_error)?.into_iter().map(Bytes::from_owner).collect();
     let total = pieces.iter().map(Bytes::len).sum::<usize>();
     budget.fetch_add(total, Ordering::Relaxed);
     let at_eof = total < len;
