@@ -23,6 +23,7 @@ mod drive;
 mod faulty;
 mod inventory;
 mod mem;
+pub mod pagecache;
 mod pread;
 mod uring;
 

@@ -264,6 +264,8 @@ pub struct Engine {
     pub(crate) auth_cache: Mutex<HashMap<(String, [u8; 32]), (Caller, std::time::Instant)>>,
     pub(crate) closed: AtomicBool,
     sync_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Reads the metadata log's next blocks into the page cache (logs kept for reuse only).
+    pub(crate) log_warmer: Mutex<Option<crate::log_warm::LogWarmer>>,
     /// Metadata log syncs, shared by concurrent durable operations.
     wal_sync: Arc<crate::group_sync::GroupSync>,
     pub(crate) cluster_uuid: [u8; 16],
@@ -493,6 +495,7 @@ impl Engine {
             auth_cache: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             sync_thread: Mutex::new(None),
+            log_warmer: Mutex::new(None),
             wal_sync: Default::default(),
             cluster_uuid,
             audit_seq: AtomicU64::new(audit_next),
@@ -502,6 +505,12 @@ impl Engine {
         engine.ensure_admin()?;
         engine.reclaim_orphans()?;
         engine.start_sync_thread();
+        if engine.cfg.log_reuse_bytes > 0 {
+            match crate::log_warm::LogWarmer::start(&meta_dir) {
+                Ok(w) => *engine.log_warmer.lock() = Some(w),
+                Err(e) => tracing::warn!("metadata log read-ahead not started: {e}"),
+            }
+        }
         engine.start_flush_threads();
         crate::jobs::resume(&engine)?;
         Ok(engine)
@@ -1347,6 +1356,9 @@ impl Engine {
     /// Stops the log-sync thread and waits for it, so that nothing but the engine's callers
     /// holds its database afterwards. Futures waiting for a sync then fail.
     fn stop_sync_thread(&self) {
+        if let Some(mut w) = self.log_warmer.lock().take() {
+            w.stop();
+        }
         self.wal_sync.stop();
         if let Some(h) = self.sync_thread.lock().take() {
             let _ = h.join();

@@ -12,6 +12,7 @@ mod error;
 mod group_sync;
 mod identity;
 mod jobs;
+mod log_warm;
 mod objects;
 mod records;
 mod remote;
