@@ -77,7 +77,7 @@ impl WriterOffset {
             .filter(|&fd| fd != file.as_raw_fd())
             .find_map(|fd| {
                 let w = WriterOffset { info: File::open(format!("/proc/self/fdinfo/{fd}")).ok()?, fd, dev: m.dev(), ino: m.ino() };
-                w.offset().map(|_| w)
+                (w.offset().is_some() && w.same_file_on_disk() == Some(true)).then_some(w)
             })
     }
 
@@ -93,10 +93,11 @@ impl WriterOffset {
             return None;
         }
         let same = match field("ino:") {
-            // Kernels since 5.14 name the inode; its device is the mount's, checked below
-            // only when the descriptor is reopened.
-            Some(ino) => ino.parse::<u64>().ok()? == self.ino && self.same_file_on_disk(false)?,
-            None => self.same_file_on_disk(true)?,
+            // Kernels since 5.14 name the inode. Another file with the same inode number on
+            // another filesystem would pass; the caller's advice would then land on the
+            // right file at a wrong offset, which costs a read and nothing else.
+            Some(ino) => ino.parse::<u64>().ok()? == self.ino,
+            None => self.same_file_on_disk()?,
         };
         if !same {
             return None;
@@ -105,12 +106,9 @@ impl WriterOffset {
     }
 
     /// Whether the descriptor still names the file (device and inode, from a `stat` through
-    /// `/proc/self/fd`), asked only when `check` (it costs a lookup).
-    fn same_file_on_disk(&self, check: bool) -> Option<bool> {
+    /// `/proc/self/fd`).
+    fn same_file_on_disk(&self) -> Option<bool> {
         use std::os::unix::fs::MetadataExt;
-        if !check {
-            return Some(true);
-        }
         let m = std::fs::metadata(format!("/proc/self/fd/{}", self.fd)).ok()?;
         Some(m.dev() == self.dev && m.ino() == self.ino)
     }
