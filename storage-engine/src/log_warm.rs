@@ -3,10 +3,11 @@
 //! With logs kept for reuse (`EngineConfig::log_reuse_bytes`), RocksDB writes its log over a
 //! file that an earlier log filled. A write that covers part of a page of a file whose page
 //! is not cached makes the kernel read that page from the disk first, inside the `write`.
-//! After a restart, and whenever memory pressure (or `drop_caches`) has taken the log's
-//! pages, every metadata sync then waited for a disk read before its own write: measured
-//! over NFS, the COMMIT of a 4 KiB file took 370 µs (median) against 275 µs with the pages
-//! cached, on a VM whose 4 KiB write + fdatasync takes about 220 µs.
+//! The logs are written out when the engine opens (`Engine::prepare_log`), so they start
+//! cached; but once memory pressure (or `drop_caches`) has taken their pages, every log
+//! write waited for a disk read: measured over NFS after `drop_caches`, the COMMIT of a
+//! 4 KiB file took 286–370 µs (median) without this thread and 204–209 µs with it, on a VM
+//! whose 4 KiB write + fdatasync takes about 220 µs (docs/benchmarks.md).
 //!
 //! A thread of the engine asks the kernel to read ahead [`WINDOW_BYTES`] of the log being
 //! written from where RocksDB writes next (the offset of RocksDB's descriptor, from
