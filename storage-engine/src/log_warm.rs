@@ -6,8 +6,8 @@
 //! The logs are written out when the engine opens (`Engine::prepare_log`), so they start
 //! cached; but once memory pressure (or `drop_caches`) has taken their pages, every log
 //! write waited for a disk read: measured over NFS after `drop_caches`, the COMMIT of a
-//! 4 KiB file took 286–370 µs (median) without this thread and 204–209 µs with it, on a VM
-//! whose 4 KiB write + fdatasync takes about 220 µs (docs/benchmarks.md).
+//! 4 KiB file took 286–295 µs (median of two loops) without this thread and 204–209 µs with
+//! it, on a VM whose 4 KiB write + fdatasync takes about 220 µs (docs/benchmarks.md).
 //!
 //! A thread of the engine asks the kernel to read ahead [`WINDOW_BYTES`] of the log being
 //! written from where RocksDB writes next (the offset of RocksDB's descriptor, from
