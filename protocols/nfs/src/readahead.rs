@@ -26,8 +26,11 @@ use tokio::sync::watch;
 
 /// Bytes read ahead in one engine call.
 const WINDOW_BYTES: u64 = 16 << 20;
-/// Windows kept in flight ahead of the reader.
-const WINDOWS_AHEAD: u64 = 3;
+/// Windows kept in flight ahead of the reader. With three, a pass of 8 READs in flight over
+/// a GiB kept about nine 3.4 MB drive reads queued (`iostat`) and took 0.66–0.70 s on a
+/// virtio disk that `fio` reads at 1.8–2.0 GB/s with 12–16 requests in flight; with five,
+/// 0.61–0.66 s; eight took no less (docs/benchmarks.md, NFS section, "Five windows ahead").
+const WINDOWS_AHEAD: u64 = 5;
 /// Files with readahead state; the least recently used is dropped beyond this.
 const FILES_MAX: usize = 32;
 /// Bytes all windows together may hold (read or being read); beyond it, the windows of the
