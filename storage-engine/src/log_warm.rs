@@ -37,7 +37,6 @@ const RENEW_EVERY: Duration = Duration::from_secs(1);
 /// How often, at most, `/proc/self/fd` is searched for RocksDB's descriptor of the log when
 /// it was not found (it is found once per log otherwise).
 const SEARCH_EVERY: Duration = Duration::from_secs(1);
-const PAGE: u64 = 4096;
 
 /// The read-ahead thread; stopped (and joined) by [`LogWarmer::stop`] or when dropped.
 pub(crate) struct LogWarmer {
@@ -144,7 +143,7 @@ impl Logs {
         if let Some(at) = offset
             && (renew || self.last_offset != offset)
         {
-            let _ = hardware::pagecache::will_need(file, at / PAGE * PAGE, WINDOW_BYTES);
+            let _ = hardware::pagecache::will_need(file, at, WINDOW_BYTES);
         }
         self.last_offset = offset;
         if renew {
@@ -161,6 +160,8 @@ mod tests {
     use super::*;
     use crate::{Caller, Engine, EngineConfig, ROOT_INO};
     use hardware::pagecache::{dont_need, is_cached};
+
+    const PAGE: u64 = 4096;
 
     /// Where RocksDB writes next in the log it is writing (the newest): its path and offset.
     fn write_offset(dir: &Path) -> Option<(PathBuf, u64)> {
