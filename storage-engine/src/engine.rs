@@ -832,6 +832,26 @@ impl Engine {
         Ok(cur)
     }
 
+    /// `resolve` for callers on an event loop: None when a directory on the way is a portal
+    /// mirror or names one (the hub may have to answer); otherwise the metadata reads
+    /// `resolve` makes.
+    pub fn try_resolve(&self, caller: &Caller, path: &str) -> Option<Result<Attr>> {
+        let mut cur = match self.try_getattr(caller, ROOT_INO)? {
+            Ok(a) => a,
+            Err(e) => return Some(Err(e)),
+        };
+        for comp in path.split('/').filter(|c| !c.is_empty()) {
+            if cur.kind != FileKind::Dir {
+                return Some(Err(Error::NotDir));
+            }
+            cur = match self.try_lookup(caller, cur.ino, comp.as_bytes())? {
+                Ok(a) => a,
+                Err(e) => return Some(Err(e)),
+            };
+        }
+        Some(Ok(cur))
+    }
+
     /// Resolves the parent directory of a path and returns it with the last name.
     pub fn resolve_parent<'p>(&self, caller: &Caller, path: &'p str) -> Result<(Attr, &'p str)> {
         let trimmed = path.trim_end_matches('/');
@@ -2187,6 +2207,26 @@ impl Engine {
         let cmd = Command::SetAttr { caller: caller.clone(), ino, set, now: self.now() };
         let attr = self.execute(cmd, false)?.expect("setattr returns attributes");
         Ok(attr)
+    }
+
+    /// `setattr` for callers on an event loop: one metadata batch without a log sync, as
+    /// `setattr` writes it. `None`, with nothing changed, when it would have to wait: `ino` is
+    /// a portal mirror (the hub decides), a size is set while the file has bytes in its write
+    /// buffer (which `setattr` writes out first), another mutation holds the mutation lock,
+    /// or RocksDB stalls writes; the caller then uses `setattr` on a thread that may block.
+    pub fn try_setattr(&self, caller: &Caller, ino: Ino, set: SetAttr) -> Option<Result<Attr>> {
+        if !caller.is_portal() {
+            match self.remote_stub(ino) {
+                Ok(Some(_)) => return None,
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        if set.size.is_some() && self.buffer_of(ino).is_some() {
+            return None;
+        }
+        let cmd = Command::SetAttr { caller: caller.clone(), ino, set, now: self.now() };
+        self.try_execute(cmd).map(|r| r.map(|a| a.expect("setattr returns attributes")))
     }
 
     pub fn setxattr(&self, caller: &Caller, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {

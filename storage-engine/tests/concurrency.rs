@@ -193,6 +193,66 @@ fn try_create_is_create_for_event_loop_callers() {
     assert_eq!(e.statfs(&c).unwrap().files, files_before + 1);
 }
 
+/// `try_setattr` changes what `setattr` changes, with `setattr`'s refusals, and leaves a
+/// truncation of a file with buffered bytes to `setattr` (which writes them out first).
+#[test]
+fn try_setattr_is_setattr_for_event_loop_callers() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let f = e.create(&c, ROOT_INO, b"f", 0o644, true).unwrap();
+    // What an NFS client's open(O_TRUNC) of a new file sends: size 0 of an empty file.
+    let a = e.try_setattr(&c, f.ino, SetAttr { size: Some(0), ..Default::default() }).expect("nothing buffered, nothing mutating").unwrap();
+    assert_eq!((a.size, a.mode), (0, 0o644));
+    let a = e.try_setattr(&c, f.ino, SetAttr { mode: Some(0o600), mtime: Some(TimeSet::At(1_000_000_000)), ..Default::default() }).unwrap().unwrap();
+    assert_eq!((a.mode, a.mtime_ns), (0o600, 1_000_000_000));
+    assert_eq!(e.getattr(&c, f.ino).unwrap().mode, 0o600);
+    // Unstable bytes in the write buffer: a size change is refused here, and changes nothing.
+    e.write(&c, f.ino, 0, &bytes(5, 10_000), Stability::Unstable).unwrap();
+    assert!(e.try_setattr(&c, f.ino, SetAttr { size: Some(100), ..Default::default() }).is_none());
+    assert_eq!(e.getattr(&c, f.ino).unwrap().size, 10_000);
+    // Other attributes still change here.
+    assert_eq!(e.try_setattr(&c, f.ino, SetAttr { mode: Some(0o640), ..Default::default() }).unwrap().unwrap().mode, 0o640);
+    e.setattr(&c, f.ino, SetAttr { size: Some(100), ..Default::default() }).unwrap();
+    assert_eq!(e.read(&c, f.ino, 0, 1 << 20).unwrap(), bytes(5, 10_000)[..100]);
+    // Once written out, a truncation is done here too, and sticks after a restart.
+    e.commit(&c, f.ino).unwrap();
+    let a = e.try_setattr(&c, f.ino, SetAttr { size: Some(10), ..Default::default() }).expect("nothing buffered").unwrap();
+    assert_eq!(a.size, 10);
+    // setattr's refusals.
+    let bob = e
+        .create_user(&c, NewUser { name: "bob".into(), password: "password-123".into(), ..Default::default() })
+        .and_then(|_| e.caller_for_user("bob"))
+        .unwrap();
+    assert!(matches!(e.try_setattr(&bob, f.ino, SetAttr { mode: Some(0o777), ..Default::default() }).unwrap(), Err(Error::PermissionDenied)));
+    assert!(matches!(e.try_setattr(&bob, f.ino, SetAttr { size: Some(0), ..Default::default() }).unwrap(), Err(Error::PermissionDenied)));
+    assert!(matches!(e.try_setattr(&c, ROOT_INO, SetAttr { size: Some(0), ..Default::default() }).unwrap(), Err(Error::IsDir)));
+    assert_eq!(e.getattr(&c, f.ino).unwrap().mode, 0o640);
+    e.shutdown().unwrap();
+    drop(e);
+    let e = open(dir.path());
+    let f = e.lookup(&c, ROOT_INO, b"f").unwrap();
+    assert_eq!((f.size, f.mode), (10, 0o640));
+    assert_eq!(e.read(&c, f.ino, 0, 100).unwrap(), bytes(5, 10_000)[..10]);
+}
+
+/// `try_resolve` finds what `resolve` finds, and fails as it does.
+#[test]
+fn try_resolve_is_resolve_for_event_loop_callers() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let a = e.mkdir(&c, ROOT_INO, b"a", 0o755).unwrap();
+    let b = e.mkdir(&c, a.ino, b"b", 0o755).unwrap();
+    let f = e.create(&c, b.ino, b"f", 0o644, true).unwrap();
+    for path in ["/", "", "/a", "a/b", "/a/b/", "//a//b/f"] {
+        assert_eq!(e.try_resolve(&c, path).expect("no portal").unwrap().ino, e.resolve(&c, path).unwrap().ino, "{path}");
+    }
+    assert_eq!(e.try_resolve(&c, "/a/b/f").unwrap().unwrap().ino, f.ino);
+    assert!(matches!(e.try_resolve(&c, "/a/missing").unwrap(), Err(Error::NotFound)));
+    assert!(matches!(e.try_resolve(&c, "/a/b/f/g").unwrap(), Err(Error::NotDir)));
+}
+
 /// Event-loop creates racing blocking mutations: a `try_create` that finds the mutation lock
 /// taken is refused with nothing changed, and the caller's fall-back `create` does it. Every
 /// file ends up created once and counted once.

@@ -3,7 +3,7 @@
 use nfs3_types::mount::{dirpath, export_node, fhandle3, mountres3, mountres3_ok, mountstat3, name};
 use nfs3_types::rpc::auth_flavor;
 use nfs3_types::xdr_codec::{List, Opaque, Void};
-use storage_engine::{Error, FileKind};
+use storage_engine::{Attr, Caller, Engine, Error, FileKind};
 use tracing::info;
 
 use crate::handle::Handle;
@@ -51,6 +51,30 @@ pub(crate) async fn dispatch(state: &std::sync::Arc<State>, call: &CallInfo, pro
     }
 }
 
+/// The directory `rest` names below the export's root `root_path`, as the caller sees it.
+/// With `here` (an event loop), None when a step would need the hub of a portal.
+fn mount_point(engine: &Engine, caller: &Caller, root_path: &str, rest: &str, here: bool) -> Option<Result<Attr, Error>> {
+    let root = if here { engine.try_resolve(&Caller::system(), root_path) } else { Some(engine.resolve(&Caller::system(), root_path)) };
+    let mut cur = match root? {
+        Ok(a) => a,
+        Err(e) => return Some(Err(e)),
+    };
+    for comp in rest.split('/').filter(|c| !c.is_empty()) {
+        if comp == ".." || comp == "." {
+            return Some(Err(Error::InvalidArgument("mount path with . or ..".into())));
+        }
+        let next = if here { engine.try_lookup(caller, cur.ino, comp.as_bytes()) } else { Some(engine.lookup(caller, cur.ino, comp.as_bytes())) };
+        cur = match next? {
+            Ok(a) => a,
+            Err(e) => return Some(Err(e)),
+        };
+    }
+    if cur.kind != FileKind::Dir {
+        return Some(Err(Error::NotDir));
+    }
+    Some(Ok(cur))
+}
+
 async fn mnt(state: &std::sync::Arc<State>, call: &CallInfo, path: &[u8]) -> mountres3<'static> {
     let Ok(path) = std::str::from_utf8(path) else { return mountres3::Err(mountstat3::MNT3ERR_INVAL) };
     if path.len() > nfs3_types::mount::MNTPATHLEN {
@@ -63,23 +87,15 @@ async fn mnt(state: &std::sync::Arc<State>, call: &CallInfo, path: &[u8]) -> mou
     }
     let caller = export.caller(state, call.cred.as_ref()).await;
     let engine = state.engine.clone();
-    let root_path = export.path.clone();
-    let rest = rest.to_string();
-    let r = blocking(move || {
-        let root = engine.resolve(&storage_engine::Caller::system(), &root_path)?;
-        let mut cur = root;
-        for comp in rest.split('/').filter(|c| !c.is_empty()) {
-            if comp == ".." || comp == "." {
-                return Err(Error::InvalidArgument("mount path with . or ..".into()));
-            }
-            cur = engine.lookup(&caller, cur.ino, comp.as_bytes())?;
+    // Metadata reads only: done here unless a directory on the way is a portal mirror
+    // (libnfs clients mount once per process, and some mount twice).
+    let r = match mount_point(&engine, &caller, &export.path, rest, true) {
+        Some(r) => r,
+        None => {
+            let (root_path, rest) = (export.path.clone(), rest.to_string());
+            blocking(move || mount_point(&engine, &caller, &root_path, &rest, false).expect("a blocking walk always answers")).await
         }
-        if cur.kind != FileKind::Dir {
-            return Err(Error::NotDir);
-        }
-        Ok(cur)
-    })
-    .await;
+    };
     match r {
         Ok(attr) => {
             let h = Handle { export_id: export.id, ino: attr.ino, generation: attr.generation };

@@ -366,7 +366,12 @@ async fn setattr(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     }
     let set = setattr_of(&a.new_attributes);
     let (engine, caller, ino) = (ctx.engine(), ctx.caller.clone(), before.ino);
-    let r = blocking(move || engine.setattr(&caller, ino, set)).await;
+    // One metadata batch: done here when the engine can take it without waiting (a client's
+    // open with O_TRUNC sends one after each CREATE), else on a blocking thread.
+    let r = match engine.try_setattr(&caller, ino, set.clone()) {
+        Some(r) => r,
+        None => blocking(move || engine.setattr(&caller, ino, set)).await,
+    };
     let wcc = ctx.wcc_after(Some(&before), ino).await;
     match r {
         Ok(_) => packed(&SETATTR3res::Ok(SETATTR3resok { obj_wcc: wcc })),
