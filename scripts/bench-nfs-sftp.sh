@@ -12,7 +12,10 @@
 # round Aquifer and its peer run the operation one after the other (the order alternating between
 # rounds), so each round's ratio compares two measurements taken moments apart on this shared,
 # noisy machine. The table gives the medians of the rounds' values and of their ratios, with the
-# ratios' range.
+# ratios' range. A second table gives each client-paced or disk-paced row's ceiling: the ratio
+# to the peer that no server could pass in the same run (the disk's O_DIRECT read by fio for
+# the read with READs in flight; for the rows one nfs-cp process paces, the time the peer's
+# server had no call outstanding, from a packet capture read by scripts/rpc-busy.py).
 #
 #   scripts/bench-nfs-sftp.sh
 #
@@ -21,7 +24,7 @@
 # BENCH_REPS (3 rounds; medians are reported), BENCH_READ_DEPTH (8), BENCH_CIPHER (aes256-gcm@openssh.com), BENCH_DRIVE_SIZE
 # (2GiB, each of Aquifer's six file drives).
 # Needs (apt): libnfs-utils libnfs-dev gcc nfs-ganesha nfs-ganesha-vfs rpcbind openssh-server
-# openssh-client sshpass. Runs as root (drops the page cache before every timed operation when
+# openssh-client sshpass; for the ceilings, fio and tcpdump (left out when missing). Runs as root (drops the page cache before every timed operation when
 # /proc/sys/vm/drop_caches is writable). All data lives under a temporary directory in /var/tmp,
 # removed at the end; every server started here is stopped by its pid.
 set -euo pipefail
@@ -370,12 +373,82 @@ in_order() {
     shift 3
     if ((i % 2 == 1)); then "$@" "$a" "$i"; "$@" "$b" "$i"; else "$@" "$b" "$i"; "$@" "$a" "$i"; fi
 }
+# The disk's own sequential read, O_DIRECT, in the request shape that reads it fastest of those
+# measured on these VMs (1 MiB, 16 in flight): the ceiling of any server's cold read.
+disk_read() { # ROUND
+    local out
+    if ! command -v fio >/dev/null; then return 0; fi
+    drop_caches
+    out=$(fio --name=disk --filename="$work/disk.bin" --rw=read --bs=1M --iodepth=16 --ioengine=libaio \
+        --direct=1 --size="${size_mib}M" --output-format=json 2>>"$work/cmd.log") || { echo "fio failed" >&2; return 1; }
+    add disk.read_MiB_per_s "$(python3 -c 'import json,sys; r = json.load(sys.stdin)["jobs"][0]["read"]; print(round(r["bw_bytes"] / 1048576))' <<<"$out")"
+    log "disk O_DIRECT read round $1: ${T[disk.read_MiB_per_s]##* } MiB/s"
+}
+if command -v fio >/dev/null; then
+    head -c "$((size_mib * 1048576))" /dev/urandom >"$work/disk.bin"
+    sync
+fi
+
 for i in $(seq "$reps"); do
+    disk_read "$i"
     in_order "$i" aquifer ganesha nfs_rw
     in_order "$i" aquifer ganesha nfs_create
     in_order "$i" aquifer ganesha nfs_cp_loop
     in_order "$i" aquifer sshd sftp_rw
 done
+
+# --- ceilings ---------------------------------------------------------------------------
+# Two rows are paced by one client process: nfs-cp keeps one READ in flight and copies each
+# into a local file, and an nfs-cp process per file spends most of its time starting. One
+# more pass of each, per server, under a packet capture of the server's ports: the time the
+# server had a call outstanding (scripts/rpc-busy.py) is all a faster server could save, so
+# seconds / (seconds - busy) of the peer is the ratio that a server answering in no time would
+# reach. Capturing slows both sides a little; the pass is not one of the timed rounds.
+declare -A BUSY # BUSY[server.metric]="seconds busy_seconds"
+nfs_ports() { case $1 in aquifer) echo "$aq_nfs" ;; ganesha) echo "$g_port $g_mnt" ;; esac; }
+captured() { # NAME METRIC CMD... : runs CMD under a capture of NAME's NFS and MOUNT ports
+    local name=$1 metric=$2 filter="" p tpid t0 t busy
+    shift 2
+    local ports
+    read -ra ports <<<"$(nfs_ports "$name")"
+    for p in "${ports[@]}"; do filter+="${filter:+ or }tcp port $p"; done
+    tcpdump -i lo -s 200 -B 262144 -U -w "$work/cap.pcap" "$filter" 2>"$work/tcpdump.err" &
+    tpid=$!
+    for _ in $(seq 100); do grep -q "listening on" "$work/tcpdump.err" && break; sleep 0.05; done
+    t0=$EPOCHREALTIME
+    "$@" >>"$work/cmd.log" 2>&1 || { echo "FAILED: $*" >&2; tail -20 "$work/cmd.log" >&2; kill "$tpid"; return 1; }
+    t=$(python3 -c "print(f'{$EPOCHREALTIME - $t0:.3f}')")
+    sleep 0.2
+    kill -INT "$tpid"
+    wait "$tpid" || true
+    if ! grep -q "^0 packets dropped by kernel" "$work/tcpdump.err"; then
+        echo "$name $metric: the capture dropped packets; no ceiling" >&2
+        cat "$work/tcpdump.err" >&2
+        return 0
+    fi
+    busy=$(python3 "$(dirname "$0")/rpc-busy.py" "$work/cap.pcap" "${ports[@]}")
+    log "$name $metric under capture: $t s, server $busy"
+    BUSY[$name.$metric]="$t $(python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["busy_s"] if not d["lost"] else "lost")' <<<"$busy")"
+    rm -f "$work/cap.pcap"
+}
+cp_files() { # NAME: the nfs-cp-per-file loop's files, under the capture's own prefix
+    local k
+    for k in $(seq "$cpfiles"); do nfs-cp "$work/f4k.bin" "${NPREFIX[$1]}cap-$k?${NQ[$1]}" || return 1; done
+}
+if command -v tcpdump >/dev/null; then
+    for name in aquifer ganesha; do
+        "$work/nfsbench" "${NROOT[$name]}?${NQ[$name]}" rm /big.bin >/dev/null 2>&1 || true
+        before_write
+        nfs-cp "$work/src.bin" "${NPREFIX[$name]}big.bin?${NQ[$name]}" >>"$work/cmd.log" 2>&1
+        rm -f "$work/back.bin"
+        before_read
+        captured "$name" nfs_r nfs-cp "${NPREFIX[$name]}big.bin?${NQ[$name]}" "$work/back.bin"
+        rm -f "$work/back.bin"
+        "$work/nfsbench" "${NROOT[$name]}?${NQ[$name]}" rm /big.bin
+        drop_caches
+        captured "$name" nfs_cp cp_files "$name"
+    done
+fi
 
 # --- report -----------------------------------------------------------------------------
 total=$(python3 -c "print(f'{$EPOCHREALTIME - $t_start:.0f}')")
@@ -403,6 +476,37 @@ row "NFSv3 (vs ganesha VFS)" "create+write 4 KiB files, one mount (libnfs loop, 
 row "NFSv3 (vs ganesha VFS)" "create 4 KiB files, nfs-cp per file ($cpfiles files)" nfs_cp files/s ganesha "$cpfiles"
 row "SFTP (vs sshd internal-sftp)" "put ${size_mib} MiB (sftp -b, $cipher)" sftp_p MiB/s sshd "$size_mib"
 row "SFTP (vs sshd internal-sftp)" "get ${size_mib} MiB (sftp -b, $cipher)" sftp_g MiB/s sshd "$size_mib"
+if [[ -n "${T[disk.read_MiB_per_s]:-}" || ${#BUSY[@]} -gt 0 ]]; then
+    echo
+    echo "| Row | Ceiling against the peer | What sets it | Aquifer/peer |"
+    echo "|---|---:|---|---:|"
+    python3 - "$size_mib" "${T[disk.read_MiB_per_s]:-}" "${T[ganesha.nfs_rp]}" "${T[aquifer.nfs_rp]}" \
+        "${BUSY[ganesha.nfs_r]:-}" "${BUSY[aquifer.nfs_r]:-}" "${T[ganesha.nfs_r]}" "${T[aquifer.nfs_r]}" \
+        "${BUSY[ganesha.nfs_cp]:-}" "${BUSY[aquifer.nfs_cp]:-}" "${T[ganesha.nfs_cp]}" "${T[aquifer.nfs_cp]}" <<'PY'
+import statistics as st, sys
+a = sys.argv[1:]
+size = float(a[0])
+med = lambda v: st.median(float(x) for x in v.split())
+if a[1]:
+    disk, peer, aq = med(a[1]), size / med(a[2]), size / med(a[3])
+    print(f"| sequential read, READs in flight | {disk / peer:.2f} | the disk's O_DIRECT read, {disk:.0f} MiB/s "
+          f"(peer at {peer / disk:.2f}, Aquifer at {aq / disk:.2f} of it) | {aq / peer:.2f} |")
+for row, gb, ab, gt, at in (("sequential read (nfs-cp)", *a[4:8]), ("create 4 KiB files, nfs-cp per file", *a[8:12])):
+    if not gb or "lost" in gb:
+        continue
+    g_t, g_busy = (float(x) for x in gb.split())
+    detail = f"peer's server busy {g_busy:.2f} s of {g_t:.2f} s"
+    if ab and "lost" not in ab:
+        a_t, a_busy = (float(x) for x in ab.split())
+        detail += f"; Aquifer's {a_busy:.2f} s of {a_t:.2f} s"
+    print(f"| {row} | {g_t / (g_t - g_busy):.2f} | the client: {detail} | {med(gt) / med(at):.2f} |")
+PY
+    echo
+    echo "A ceiling is the ratio to the peer that no server could pass in this run: for the read with"
+    echo "READs in flight, the disk's own read over the peer's; for the rows paced by one nfs-cp"
+    echo "process, the peer's time over the part of it in which no call was outstanding (one more pass"
+    echo "of each under a packet capture, scripts/rpc-busy.py)."
+fi
 echo
 echo "Medians of $reps rounds; in each round both servers ran the operation one after the other,"
 echo "the order alternating. Page cache dropped before every timed operation: $([[ $can_drop == 1 ]] && echo yes || echo no)."
