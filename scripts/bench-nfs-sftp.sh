@@ -25,9 +25,10 @@
 # BENCH_REPS (3 rounds; medians are reported), BENCH_READ_DEPTH (8), BENCH_CIPHER (aes256-gcm@openssh.com), BENCH_DRIVE_SIZE
 # (2GiB, each of Aquifer's six file drives).
 # Needs (apt): libnfs-utils libnfs-dev gcc nfs-ganesha nfs-ganesha-vfs rpcbind openssh-server
-# openssh-client sshpass; for the ceilings, fio and tcpdump (left out when missing). Runs as root (drops the page cache before every timed operation when
-# /proc/sys/vm/drop_caches is writable). All data lives under a temporary directory in /var/tmp,
-# removed at the end; every server started here is stopped by its pid.
+# openssh-client sshpass; for the ceilings, fio and tcpdump (left out when missing). Runs as
+# root (drops the page cache before every timed operation when /proc/sys/vm/drop_caches is
+# writable). All data lives under a temporary directory in /var/tmp, removed at the end; every
+# server started here is stopped by its pid.
 set -euo pipefail
 
 bin=${AQUIFER_BIN:-/var/cache/aquifer-target/debug/aquifer}
