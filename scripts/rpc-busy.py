@@ -58,7 +58,7 @@ def packets(path):
 
 
 def tcp_segment(frame):
-    """(src, sport, dst, dport, seq, payload_len, captured_payload) of an IPv4 TCP frame."""
+    """(src, sport, dst, dport, seq, flags, payload_len, captured_payload) of an IPv4 TCP frame."""
     if len(frame) < ETH_LEN + 20 or frame[12:14] != b"\x08\x00":
         return None
     ip = frame[ETH_LEN:]
@@ -79,7 +79,7 @@ class Stream:
 
     def __init__(self):
         self.next_mark = None  # sequence number of the next record mark
-        self.open = None  # (end_seq, xid, kind) of the record being received
+        self.open = None  # (end_seq, xid, kind, proc) of the record being received
         self.lost = False
         self.cont = None  # (xid, kind, proc) of a record whose last fragment is still to come
 

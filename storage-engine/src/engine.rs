@@ -2215,12 +2215,10 @@ impl Engine {
     /// buffer (which `setattr` writes out first), another mutation holds the mutation lock,
     /// or RocksDB stalls writes; the caller then uses `setattr` on a thread that may block.
     pub fn try_setattr(&self, caller: &Caller, ino: Ino, set: SetAttr) -> Option<Result<Attr>> {
-        if !caller.is_portal() {
-            match self.remote_stub(ino) {
-                Ok(Some(_)) => return None,
-                Ok(None) => {}
-                Err(e) => return Some(Err(e)),
-            }
+        match self.may_need_hub(caller, ino) {
+            Ok(true) => return None,
+            Ok(false) => {}
+            Err(e) => return Some(Err(e)),
         }
         if set.size.is_some() && self.buffer_of(ino).is_some() {
             return None;
