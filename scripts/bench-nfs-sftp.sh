@@ -15,8 +15,9 @@
 # ratios' range. A second table gives each client-paced or disk-paced row's ceiling: the ratio
 # to the peer that no server could pass in the same run (for the read with READs in flight,
 # the disk's O_DIRECT read by fio, the best of three request shapes; for the rows one nfs-cp
-# process paces, the time the peer's server had no call outstanding, from a packet capture
-# read by scripts/rpc-busy.py).
+# process paces, the peer's time less the time from each call to its reply's first byte, and
+# in brackets less all the time a call was outstanding, from a packet capture read by
+# scripts/rpc-busy.py).
 #
 #   scripts/bench-nfs-sftp.sh
 #
@@ -408,10 +409,13 @@ done
 # Two rows are paced by one client process: nfs-cp keeps one READ in flight and copies each
 # into a local file, and an nfs-cp process per file spends most of its time starting. One
 # more pass of each, per server, under a packet capture of the server's ports: the time the
-# server had a call outstanding (scripts/rpc-busy.py) is all a faster server could save, so
-# seconds / (seconds - busy) of the peer is the ratio that a server answering in no time would
-# reach. Capturing slows both sides a little; the pass is not one of the timed rounds.
-declare -A BUSY # BUSY[server.metric]="seconds busy_seconds"
+# server had a call outstanding (scripts/rpc-busy.py) is more than a faster server could save:
+# a 1 MiB READ reply takes time to cross the loopback and into the client whatever the server,
+# so only the time from each call to its reply's first byte is the server's own. seconds /
+# (seconds - answering) of the peer is the ratio a server beginning every reply at once would
+# reach.
+# Capturing slows both sides; the pass is not one of the timed rounds.
+declare -A BUSY # BUSY[server.metric]="seconds busy_seconds answering_seconds"
 nfs_ports() { case $1 in aquifer) echo "$aq_nfs" ;; ganesha) echo "$g_port $g_mnt" ;; esac; }
 captured() { # NAME METRIC CMD... : runs CMD under a capture of NAME's NFS and MOUNT ports
     local name=$1 metric=$2 filter="" p tpid t0 t busy
@@ -435,7 +439,7 @@ captured() { # NAME METRIC CMD... : runs CMD under a capture of NAME's NFS and M
     fi
     busy=$(python3 "$(dirname "$0")/rpc-busy.py" "$work/cap.pcap" "${ports[@]}")
     log "$name $metric under capture: $t s, server $busy"
-    BUSY[$name.$metric]="$t $(python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["busy_s"] if not d["lost"] else "lost")' <<<"$busy")"
+    BUSY[$name.$metric]="$t $(python3 -c 'import json,sys; d=json.load(sys.stdin); print(*(["lost"] if d["lost"] else [d["busy_s"], d["answer_s"]]))' <<<"$busy")"
     rm -f "$work/cap.pcap"
 }
 cp_files() { # NAME: the nfs-cp-per-file loop's files, under the capture's own prefix
@@ -503,18 +507,20 @@ if a[1]:
 for row, gb, ab, gt, at in (("sequential read (nfs-cp)", *a[4:8]), ("create 4 KiB files, nfs-cp per file", *a[8:12])):
     if not gb or "lost" in gb:
         continue
-    g_t, g_busy = (float(x) for x in gb.split())
-    detail = f"peer's server busy {g_busy:.2f} s of {g_t:.2f} s"
+    g_t, g_busy, g_answer = (float(x) for x in gb.split())
+    detail = f"peer's server busy {g_busy:.2f} s of {g_t:.2f} s, {g_answer:.2f} s of it before replies began"
     if ab and "lost" not in ab:
-        a_t, a_busy = (float(x) for x in ab.split())
-        detail += f"; Aquifer's {a_busy:.2f} s of {a_t:.2f} s"
-    print(f"| {row} | {g_t / (g_t - g_busy):.2f} | the client: {detail} | {ratio(gt, at):.2f} |")
+        a_t, a_busy, a_answer = (float(x) for x in ab.split())
+        detail += f"; Aquifer's {a_busy:.2f} s of {a_t:.2f} s, {a_answer:.2f} s before replies began"
+    print(f"| {row} | {g_t / (g_t - g_answer):.2f} ({g_t / (g_t - g_busy):.2f}) | the client: {detail} | {ratio(gt, at):.2f} |")
 PY
     echo
     echo "A ceiling is the ratio to the peer that no server could pass in this run: for the read with"
     echo "READs in flight, the disk's own read over the peer's; for the rows paced by one nfs-cp"
-    echo "process, the peer's time over the part of it in which no call was outstanding (one more pass"
-    echo "of each under a packet capture, scripts/rpc-busy.py)."
+    echo "process, the peer's time over what is left of it with no time between each call and the"
+    echo "first byte of its reply, and in brackets with no call outstanding at all (replies crossing"
+    echo "the loopback in no time either): one more pass of each under a packet capture,"
+    echo "scripts/rpc-busy.py. The capture slows both sides, not always alike."
 fi
 echo
 echo "Medians of $reps rounds; in each round both servers ran the operation one after the other,"

@@ -10,15 +10,19 @@ the rest of each record is followed by its TCP sequence numbers). PORTs are the 
 last byte to that of its reply's last byte; the server is busy while any call is
 outstanding. Prints one line of JSON:
 
-    {"calls": N, "replies": N, "busy_s": S, "span_s": S, "lost": N}
+    {"calls": N, "replies": N, "busy_s": S, "answer_s": S, "span_s": S, "lost": N}
 
-busy_s is the union of those intervals; span_s runs from the first call's first byte to the
-last reply's last byte; lost counts streams whose record marks fell outside the captured
-bytes (then their later calls are not counted, and busy_s is a lower bound). With
---by-procedure, "procedures" maps "PROGRAM/PROCEDURE" (100003 is NFS, 100005 MOUNT) to
-[calls, median seconds outstanding, total seconds outstanding]. A client that
+busy_s is the union of those intervals; answer_s the union of the parts of them before each
+reply's first byte was captured (the rest of busy_s is the replies' transfer: a 1 MiB READ
+reply takes the loopback's time to cross, and the client's to take it in, whatever the
+server); span_s runs from the first call's first byte to the last reply's last byte; lost
+counts streams whose record marks fell outside the captured bytes (then their later calls
+are not counted, and busy_s is a lower bound). With --by-procedure, "procedures" maps
+"PROGRAM/PROCEDURE" (100003 is NFS, 100005 MOUNT) to [calls, median seconds outstanding,
+total seconds outstanding, median seconds before the reply's first byte]. A client that
 is never waiting for the server spends (wall time - busy_s) on its own work: no server, however
-fast, could make such a run take less.
+fast, could make such a run take less; a server that began every reply at once would still
+leave (wall time - answer_s).
 """
 
 import json
@@ -84,6 +88,22 @@ class Stream:
         self.cont = None  # (xid, kind, proc) of a record whose last fragment is still to come
 
 
+def union(intervals):
+    """Total length of the union of (start, end) intervals."""
+    total = 0.0
+    cur_s = cur_e = None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
 def main():
     args = sys.argv[1:]
     by_proc = bool(args) and args[0] == "--by-procedure"
@@ -94,7 +114,9 @@ def main():
     ports = {int(p) for p in args[1:]}
     streams = {}
     calls = {}  # (conn, xid) -> (time the call's last byte was captured, "program/procedure")
+    reply_start = {}  # (conn, xid) -> time a reply's first byte was captured
     intervals = []
+    answers = []  # (call's last byte, reply's first byte)
     per_proc = {}
     first = last = None
     n_calls = n_replies = 0
@@ -106,9 +128,11 @@ def main():
             n_calls += 1
         elif not to_server and kind == 1:
             call = calls.pop((conn, xid), None)
+            began = reply_start.pop((conn, xid), ts)
             if call is not None:
                 intervals.append((call[0], ts))
-                per_proc.setdefault(call[1], []).append(ts - call[0])
+                answers.append((call[0], max(call[0], began)))
+                per_proc.setdefault(call[1], []).append((ts - call[0], max(0.0, began - call[0])))
                 n_replies += 1
                 last = ts
 
@@ -164,6 +188,8 @@ def main():
             st.next_mark = rec_end
             if first is None and to_server and kind == 0:
                 first = ts
+            if not to_server and kind == 1 and st.cont is None:
+                reply_start[(conn, xid)] = ts
             if not mark & 0x80000000:
                 # Not the record's last fragment: the record ends with a later one.
                 st.cont = (xid, kind, proc)
@@ -174,25 +200,14 @@ def main():
             else:
                 st.open = (rec_end, xid, kind, proc)
 
-    intervals.sort()
-    busy = 0.0
-    cur_s = cur_e = None
-    for s, e in intervals:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        busy += cur_e - cur_s
+    busy, answer = union(intervals), union(answers)
     span = (last - first) if first is not None and last is not None else 0.0
     lost = sum(1 for s in streams.values() if s.lost)
-    out = {"calls": n_calls, "replies": n_replies, "busy_s": round(busy, 6), "span_s": round(span, 6), "lost": lost}
+    out = {"calls": n_calls, "replies": n_replies, "busy_s": round(busy, 6), "answer_s": round(answer, 6), "span_s": round(span, 6), "lost": lost}
     if by_proc:
         out["procedures"] = {
-            k: [len(v), round(statistics.median(v), 6), round(sum(v), 6)]
-            for k, v in sorted(per_proc.items(), key=lambda kv: -sum(kv[1]))
+            k: [len(v), round(statistics.median(o for o, _ in v), 6), round(sum(o for o, _ in v), 6), round(statistics.median(b for _, b in v), 6)]
+            for k, v in sorted(per_proc.items(), key=lambda kv: -sum(o for o, _ in kv[1]))
         }
     print(json.dumps(out))
 
