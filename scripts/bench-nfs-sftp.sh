@@ -13,8 +13,10 @@
 # rounds), so each round's ratio compares two measurements taken moments apart on this shared,
 # noisy machine. The table gives the medians of the rounds' values and of their ratios, with the
 # ratios' range. A second table gives each client-paced or disk-paced row's ceiling: the ratio
-# to the peer that no server could pass in the same run (for the read with READs in flight,
-# the disk's O_DIRECT read by fio, the best of three request shapes; for the rows one nfs-cp
+# to the peer that no server could pass in the same run (for the write rows, that Aquifer
+# cannot: two thirds of the disk's O_DIRECT write by fio, as it writes 4+2 parity too; for the
+# read with READs in flight, the disk's O_DIRECT read by fio, the best of three request shapes;
+# for the rows one nfs-cp
 # process paces, the peer's time less the time from each call to its reply's first byte, and
 # in brackets less all the time a call was outstanding, from a packet capture read by
 # scripts/rpc-busy.py).
@@ -392,12 +394,29 @@ disk_read() { # ROUND
     done
     add disk.read_MiB_per_s "$best"
 }
+# The disk's O_DIRECT write of the big file's size over a file already written (as Aquifer's
+# drive files are), synced at the end as nfs-cp's COMMIT is: Aquifer writes 1.5 bytes a byte
+# with the default 4+2 parity before it answers a COMMIT or an SFTP close, so the write rows
+# cannot pass two thirds of this.
+disk_write() { # ROUND
+    local out shape best=0 bw
+    if ! command -v fio >/dev/null; then return 0; fi
+    for shape in 1M:16 4M:8 4M:16; do
+        out=$(fio --name=disk --filename="$work/disk.bin" --rw=write --bs="${shape%:*}" --iodepth="${shape#*:}" \
+            --ioengine=libaio --direct=1 --end_fsync=1 --size="${size_mib}M" --output-format=json 2>>"$work/cmd.log") || { echo "fio failed" >&2; return 1; }
+        bw=$(python3 -c 'import json,sys; r = json.load(sys.stdin)["jobs"][0]["write"]; print(round(r["bw_bytes"] / 1048576))' <<<"$out")
+        log "disk O_DIRECT write round $1, $shape: $bw MiB/s"
+        ((bw > best)) && best=$bw
+    done
+    add disk.write_MiB_per_s "$best"
+}
 if command -v fio >/dev/null; then
     head -c "$((size_mib * 1048576))" /dev/urandom >"$work/disk.bin"
     sync
 fi
 
 for i in $(seq "$reps"); do
+    disk_write "$i"
     disk_read "$i"
     in_order "$i" aquifer ganesha nfs_rw
     in_order "$i" aquifer ganesha nfs_create
@@ -487,19 +506,27 @@ row "NFSv3 (vs ganesha VFS)" "create+write 4 KiB files, one mount (libnfs loop, 
 row "NFSv3 (vs ganesha VFS)" "create 4 KiB files, nfs-cp per file ($cpfiles files)" nfs_cp files/s ganesha "$cpfiles"
 row "SFTP (vs sshd internal-sftp)" "put ${size_mib} MiB (sftp -b, $cipher)" sftp_p MiB/s sshd "$size_mib"
 row "SFTP (vs sshd internal-sftp)" "get ${size_mib} MiB (sftp -b, $cipher)" sftp_g MiB/s sshd "$size_mib"
-if [[ -n "${T[disk.read_MiB_per_s]:-}" || ${#BUSY[@]} -gt 0 ]]; then
+if [[ -n "${T[disk.read_MiB_per_s]:-}${T[disk.write_MiB_per_s]:-}" || ${#BUSY[@]} -gt 0 ]]; then
     echo
     echo "| Row | Ceiling against the peer | What sets it | Aquifer/peer |"
     echo "|---|---:|---|---:|"
     python3 - "$size_mib" "${T[disk.read_MiB_per_s]:-}" "${T[ganesha.nfs_rp]}" "${T[aquifer.nfs_rp]}" \
         "${BUSY[ganesha.nfs_r]:-}" "${BUSY[aquifer.nfs_r]:-}" "${T[ganesha.nfs_r]}" "${T[aquifer.nfs_r]}" \
-        "${BUSY[ganesha.nfs_cp]:-}" "${BUSY[aquifer.nfs_cp]:-}" "${T[ganesha.nfs_cp]}" "${T[aquifer.nfs_cp]}" <<'PY'
+        "${BUSY[ganesha.nfs_cp]:-}" "${BUSY[aquifer.nfs_cp]:-}" "${T[ganesha.nfs_cp]}" "${T[aquifer.nfs_cp]}" \
+        "${T[disk.write_MiB_per_s]:-}" "${T[ganesha.nfs_w]}" "${T[aquifer.nfs_w]}" "${T[sshd.sftp_p]}" "${T[aquifer.sftp_p]}" <<'PY'
 import statistics as st, sys
 a = sys.argv[1:]
 size = float(a[0])
 med = lambda v: st.median(float(x) for x in v.split())
 # Aquifer/peer as in the table above: the median of the rounds' ratios.
 ratio = lambda peer_s, aq_s: st.median(float(p) / float(q) for p, q in zip(peer_s.split(), aq_s.split()))
+if a[12]:
+    disk = med(a[12])
+    for row, peer_s, aq_s in (("sequential write (nfs-cp)", a[13], a[14]), ("SFTP put", a[15], a[16])):
+        peer, aq = size / med(peer_s), size / med(aq_s)
+        print(f"| {row} | {disk / 1.5 / peer:.2f} | the disk's O_DIRECT write, {disk:.0f} MiB/s, of which Aquifer's 4+2 "
+              f"parity leaves two thirds (peer at {peer / disk:.2f} of the disk's write; Aquifer at {aq * 1.5 / disk:.2f} "
+              f"of it with parity) | {ratio(peer_s, aq_s):.2f} |")
 if a[1]:
     disk, peer, aq = med(a[1]), size / med(a[2]), size / med(a[3])
     print(f"| sequential read, READs in flight | {disk / peer:.2f} | the disk's O_DIRECT read, {disk:.0f} MiB/s "
@@ -515,7 +542,10 @@ for row, gb, ab, gt, at in (("sequential read (nfs-cp)", *a[4:8]), ("create 4 Ki
     print(f"| {row} | {g_t / (g_t - g_answer):.2f} ({g_t / (g_t - g_busy):.2f}) | the client: {detail} | {ratio(gt, at):.2f} |")
 PY
     echo
-    echo "A ceiling is the ratio to the peer that no server could pass in this run: for the read with"
+    echo "A ceiling is the ratio to the peer that no server could pass in this run, or for the write"
+    echo "rows that Aquifer cannot: two thirds of the disk's own write (with 4+2 parity it writes 1.5"
+    echo "bytes a byte before it answers a COMMIT or a close) over the peer's rate (sshd's put writes"
+    echo "into the page cache and never waits for the disk); for the read with"
     echo "READs in flight, the disk's own read over the peer's; for the rows paced by one nfs-cp"
     echo "process, the peer's time over what is left of it with no time between each call and the"
     echo "first byte of its reply, and in brackets with no call outstanding at all (replies crossing"
