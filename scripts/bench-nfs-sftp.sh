@@ -16,10 +16,9 @@
 # to the peer that no server could pass in the same run (for the write rows, that Aquifer
 # cannot: two thirds of the disk's O_DIRECT write by fio, as it writes 4+2 parity too; for the
 # read with READs in flight, the disk's O_DIRECT read by fio, the best of three request shapes;
-# for the rows one nfs-cp
-# process paces, the peer's time less the time from each call to its reply's first byte, and
-# in brackets less all the time a call was outstanding, from a packet capture read by
-# scripts/rpc-busy.py).
+# for the rows one nfs-cp process paces, the peer's time less the time from each call to its
+# reply's first byte, and in brackets less all the time a call was outstanding, from a packet
+# capture read by scripts/rpc-busy.py).
 #
 #   scripts/bench-nfs-sftp.sh
 #
@@ -432,8 +431,7 @@ done
 # a 1 MiB READ reply takes time to cross the loopback and into the client whatever the server,
 # so only the time from each call to its reply's first byte is the server's own. seconds /
 # (seconds - answering) of the peer is the ratio a server beginning every reply at once would
-# reach.
-# Capturing slows both sides; the pass is not one of the timed rounds.
+# reach. Capturing slows both sides; the pass is not one of the timed rounds.
 declare -A BUSY # BUSY[server.metric]="seconds busy_seconds answering_seconds"
 nfs_ports() { case $1 in aquifer) echo "$aq_nfs" ;; ganesha) echo "$g_port $g_mnt" ;; esac; }
 captured() { # NAME METRIC CMD... : runs CMD under a capture of NAME's NFS and MOUNT ports
@@ -545,9 +543,9 @@ PY
     echo "A ceiling is the ratio to the peer that no server could pass in this run, or for the write"
     echo "rows that Aquifer cannot: two thirds of the disk's own write (with 4+2 parity it writes 1.5"
     echo "bytes a byte before it answers a COMMIT or a close) over the peer's rate (sshd's put writes"
-    echo "into the page cache and never waits for the disk); for the read with"
-    echo "READs in flight, the disk's own read over the peer's; for the rows paced by one nfs-cp"
-    echo "process, the peer's time over what is left of it with no time between each call and the"
+    echo "into the page cache and never waits for the disk); for the read with READs in flight, the"
+    echo "disk's own read over the peer's; for the rows paced by one nfs-cp process, the peer's"
+    echo "time over what is left of it with no time between each call and the"
     echo "first byte of its reply, and in brackets with no call outstanding at all (replies crossing"
     echo "the loopback in no time either): one more pass of each under a packet capture,"
     echo "scripts/rpc-busy.py. The capture slows both sides, not always alike."
