@@ -377,37 +377,26 @@ in_order() {
     shift 3
     if ((i % 2 == 1)); then "$@" "$a" "$i"; "$@" "$b" "$i"; else "$@" "$b" "$i"; "$@" "$a" "$i"; fi
 }
-# The disk's own sequential read, O_DIRECT: the best of three request shapes (1 MiB 16 in
-# flight, 4 MiB 8 and 16 in flight; which is fastest varies between these VMs and between
-# minutes), the ceiling of any server's cold read.
-disk_read() { # ROUND
-    local out shape best=0 bw
+# The disk's own sequential O_DIRECT read or write of the big file's size ($work/disk.bin,
+# already written): the best of three request shapes (1 MiB 16 in flight, 4 MiB 8 and 16 in
+# flight; which is fastest varies between these VMs and between minutes). A read, from a
+# dropped page cache, is the ceiling of any server's cold read. A write goes over written
+# blocks, as Aquifer's drive files are, and is synced at the end as nfs-cp's COMMIT is:
+# Aquifer writes 1.5 bytes a byte with the default 4+2 parity before it answers a COMMIT or an
+# SFTP close, so the write rows cannot pass two thirds of it.
+disk_rate() { # read|write ROUND
+    local rw=$1 out shape best=0 bw extra=()
     if ! command -v fio >/dev/null; then return 0; fi
+    [[ $rw == write ]] && extra=(--end_fsync=1)
     for shape in 1M:16 4M:8 4M:16; do
-        drop_caches
-        out=$(fio --name=disk --filename="$work/disk.bin" --rw=read --bs="${shape%:*}" --iodepth="${shape#*:}" \
-            --ioengine=libaio --direct=1 --size="${size_mib}M" --output-format=json 2>>"$work/cmd.log") || { echo "fio failed" >&2; return 1; }
-        bw=$(python3 -c 'import json,sys; r = json.load(sys.stdin)["jobs"][0]["read"]; print(round(r["bw_bytes"] / 1048576))' <<<"$out")
-        log "disk O_DIRECT read round $1, $shape: $bw MiB/s"
+        [[ $rw == read ]] && drop_caches
+        out=$(fio --name=disk --filename="$work/disk.bin" --rw="$rw" --bs="${shape%:*}" --iodepth="${shape#*:}" \
+            --ioengine=libaio --direct=1 "${extra[@]}" --size="${size_mib}M" --output-format=json 2>>"$work/cmd.log") || { echo "fio failed" >&2; return 1; }
+        bw=$(python3 -c 'import json,sys; r = json.load(sys.stdin)["jobs"][0][sys.argv[1]]; print(round(r["bw_bytes"] / 1048576))' "$rw" <<<"$out")
+        log "disk O_DIRECT $rw round $2, $shape: $bw MiB/s"
         ((bw > best)) && best=$bw
     done
-    add disk.read_MiB_per_s "$best"
-}
-# The disk's O_DIRECT write of the big file's size over a file already written (as Aquifer's
-# drive files are), synced at the end as nfs-cp's COMMIT is: Aquifer writes 1.5 bytes a byte
-# with the default 4+2 parity before it answers a COMMIT or an SFTP close, so the write rows
-# cannot pass two thirds of this.
-disk_write() { # ROUND
-    local out shape best=0 bw
-    if ! command -v fio >/dev/null; then return 0; fi
-    for shape in 1M:16 4M:8 4M:16; do
-        out=$(fio --name=disk --filename="$work/disk.bin" --rw=write --bs="${shape%:*}" --iodepth="${shape#*:}" \
-            --ioengine=libaio --direct=1 --end_fsync=1 --size="${size_mib}M" --output-format=json 2>>"$work/cmd.log") || { echo "fio failed" >&2; return 1; }
-        bw=$(python3 -c 'import json,sys; r = json.load(sys.stdin)["jobs"][0]["write"]; print(round(r["bw_bytes"] / 1048576))' <<<"$out")
-        log "disk O_DIRECT write round $1, $shape: $bw MiB/s"
-        ((bw > best)) && best=$bw
-    done
-    add disk.write_MiB_per_s "$best"
+    add "disk.${rw}_MiB_per_s" "$best"
 }
 if command -v fio >/dev/null; then
     head -c "$((size_mib * 1048576))" /dev/urandom >"$work/disk.bin"
@@ -415,8 +404,8 @@ if command -v fio >/dev/null; then
 fi
 
 for i in $(seq "$reps"); do
-    disk_write "$i"
-    disk_read "$i"
+    disk_rate write "$i"
+    disk_rate read "$i"
     in_order "$i" aquifer ganesha nfs_rw
     in_order "$i" aquifer ganesha nfs_create
     in_order "$i" aquifer ganesha nfs_cp_loop
