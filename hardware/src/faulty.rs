@@ -37,6 +37,8 @@ struct Faults {
     writes_left: Option<u64>,
     /// A write hit the crash point: from then on nothing reaches the drive.
     crashed: bool,
+    /// Writes still allowed before the one write that fails (`fail_one_write_after`).
+    fail_one_after: Option<u64>,
     fail_reads: Vec<Range<u64>>,
     corrupt_reads: Vec<Range<u64>>,
 }
@@ -115,6 +117,14 @@ impl BlockDevice for FaultyDrive {
             if faults.offline {
                 return IoCompletion::ready(Err(self.injected(format!("write at offset {offset}: drive is offline"))));
             }
+            match faults.fail_one_after {
+                Some(0) => {
+                    faults.fail_one_after = None;
+                    return IoCompletion::ready(Err(self.injected(format!("write at offset {offset}: the one failing write"))));
+                }
+                Some(ref mut n) => *n -= 1,
+                None => {}
+            }
             match faults.writes_left {
                 Some(0) => {
                     faults.crashed = true;
@@ -155,6 +165,12 @@ impl FaultControl {
         let mut faults = self.shared.faults.lock();
         faults.writes_left = n;
         faults.crashed = false;
+    }
+
+    /// Counting from this call, `n` more writes reach the drive, the (n+1)-th fails, and the
+    /// writes after it reach the drive again: a transient fault. `None` removes it.
+    pub fn fail_one_write_after(&self, n: Option<u64>) {
+        self.shared.faults.lock().fail_one_after = n;
     }
 
     /// Reads that overlap `range` (bytes) fail with an I/O error. Ranges accumulate until

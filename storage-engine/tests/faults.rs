@@ -198,6 +198,43 @@ fn a_failed_background_write_out_fails_the_next_commit() {
     assert_eq!(get(&e, "/f"), new);
 }
 
+/// Background write-outs overlap (a batch's stripes are started while the batch before it
+/// finishes). When one batch fails part-way through a long write, on a drive that then works
+/// again, exactly that batch's range is lost (it reads as before: zeros past the old end),
+/// every byte before and after it is the writer's, and the commit reports the loss.
+#[test]
+fn a_write_out_failing_mid_file_loses_that_batch_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (e, ctl, ino, old, _) = faulty_engine_with_a_file(dir.path());
+    let c = root();
+    // Each 64 KiB stripe writes one shard to drive 2: the 21st stripe's fails there, several
+    // 256 KiB batches into a 4 MB write, and the drive writes the stripes after it.
+    ctl.lock()[2].fail_one_write_after(Some(20));
+    let new = bytes(3, 4_000_000);
+    let mut written = 0;
+    for chunk in new.chunks(40_000) {
+        if e.write(&c, ino, written as u64, chunk, Stability::Unstable).is_err() {
+            break;
+        }
+        written += chunk.len();
+    }
+    let commit = e.commit(&c, ino);
+    assert!(matches!(commit, Err(Error::Io(_))), "commit after a failed write-out: {commit:?}");
+    let got = get(&e, "/f");
+    assert_eq!(got.len(), written, "the size covers every write");
+    let first = got.iter().zip(&new).position(|(a, b)| a != b).expect("a range was lost");
+    let last = got.iter().zip(&new).rposition(|(a, b)| a != b).unwrap();
+    let stripe = 64 * 1024;
+    let lost = first - first % stripe..(last / stripe + 1) * stripe;
+    assert!(first >= old.len() && lost.start >= 512 * 1024, "batches before the failure were committed: lost from {first}");
+    assert!(lost.len() <= 1 << 20, "one batch was lost: {lost:?}");
+    assert!(got[lost.start..lost.end.min(written)].iter().all(|&x| x == 0), "the lost range reads as before the write: {lost:?}");
+    assert!(lost.end < written, "batches after the failure were committed: {lost:?} of {written}");
+    // The file takes writes again.
+    e.write(&c, ino, 0, &new, Stability::Durable).unwrap();
+    assert_eq!(get(&e, "/f"), new);
+}
+
 #[test]
 fn a_throttled_scrub_resumes_after_restart() {
     let dir = tempfile::tempdir().unwrap();
