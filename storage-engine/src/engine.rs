@@ -4,7 +4,7 @@
 //! numbers, timestamps, the caller, stripe records) and applied under one mutation lock to the
 //! RocksDB state machine as exactly one write batch. A cluster replicates the same commands.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,7 +14,7 @@ use hardware::{AlignedBuf, BlockDevice, DriveOpenOptions};
 use parking_lot::Mutex;
 use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch, WriteOptions};
 
-use crate::data::{DataStore, DriveInfo, DriveSlot, DriveState, PendingStripe, Pool, ReadBytes, ReadPiece, Superblock};
+use crate::data::{DataStore, DriveInfo, DriveSlot, DriveState, Pool, ReadBytes, ReadPiece, Superblock};
 use crate::ec::Codec;
 use crate::error::{Error, NameProblem, Result};
 use crate::records::*;
@@ -159,35 +159,6 @@ impl EngineConfig {
             admin_password: None,
             argon2_memory_kib: 19 * 1024,
             log_reuse_bytes: 0,
-        }
-    }
-}
-
-/// Segments taken from one file's write buffer, with their stripes: started (drive writes
-/// outstanding) or finished, to be committed together as the file's extents.
-struct StripeBatch {
-    /// The taken segments (shared with the buffer's in-flight list and the data shards).
-    segs: Vec<Segment>,
-    /// Size of the file once these segments are committed.
-    size: u64,
-    /// `DataStore::free_epoch` when the segments were taken.
-    frees: u64,
-    /// Finished stripes: (file offset, stripe id, stripe).
-    done: Vec<(u64, u64, StripeRec)>,
-    /// Started stripes, oldest first.
-    started: VecDeque<(u64, PendingStripe)>,
-    failure: Option<Error>,
-}
-
-impl StripeBatch {
-    /// Waits for the oldest started stripe.
-    fn finish_one(&mut self, engine: &Engine) {
-        let (off, ps) = self.started.pop_front().expect("a started stripe");
-        match engine.data.finish_stripe(ps) {
-            Ok(rec) => self.done.push((off, engine.alloc_stripe_id(), rec)),
-            Err(e) => {
-                self.failure.get_or_insert(e);
-            }
         }
     }
 }
@@ -2484,7 +2455,17 @@ impl Engine {
         b.set_in_flight(&segs);
         fb.room.notify_all();
         let frees = self.data.free_epoch();
-        let res = parking_lot::MutexGuard::unlocked(b, || self.write_segments_retrying(ino, &segs, size, durable, &fb.commit, frees));
+        let res = parking_lot::MutexGuard::unlocked(b, || match self.write_segments(ino, &segs, size, durable, &fb.commit) {
+            // Blocks freed by deletes become allocatable once their metadata is durable: with
+            // the pool full and such frees waiting (or released by another thread's sync
+            // since the write began), the log is synced now (releasing them) and the write
+            // tried once more, so space a delete just gave back is there to write.
+            Err(Error::NoSpace(_)) if self.data.frees_pending() || self.data.free_epoch() != frees => {
+                self.sync_metadata()?;
+                self.write_segments(ino, &segs, size, durable, &fb.commit)
+            }
+            res => res,
+        });
         b.clear_in_flight();
         if res.is_err() {
             self.forget_failed(ino, b);
@@ -2494,160 +2475,23 @@ impl Engine {
 
     /// A flush thread's turn at `ino`: writes full stripes until less than the buffer limit
     /// is left. A failure is kept for the file's next flush to report.
-    ///
-    /// Batches overlap: the next batch is taken, encoded and its drive writes started while
-    /// the last stripes of the batch before it are still being written, so the drives keep
-    /// `STRIPES_IN_FLIGHT_MAX` stripes' writes outstanding across batches instead of running
-    /// dry while each batch is committed and the next one encoded. Batches commit in the order
-    /// they were taken. The flush lock is held throughout; a flush of the file that waits for
-    /// it (close, commit, truncate) makes this stop taking batches.
     fn background_flush(&self, ino: Ino) {
         let Some(fb) = self.buffer_of(ino) else { return };
         let max = self.cfg.write_buffer_bytes_max;
-        let _flushing = fb.flushing.lock();
-        let mut b = fb.state.lock();
-        // Taken and started, not yet committed.
-        let mut prev: Option<StripeBatch> = None;
         loop {
-            let stop = b.detached || b.flush_error.is_some() || b.bytes() < max || fb.flush_waiting.load(Ordering::Acquire) > 0;
-            if stop {
-                let Some(p) = prev.take() else {
-                    b.flush_pending = false;
-                    fb.room.notify_all();
-                    return;
-                };
-                let taken = p.segs.len();
-                let res = parking_lot::MutexGuard::unlocked(&mut b, || self.finish_batch_retrying(ino, p, &fb.commit));
-                b.clear_in_flight_front(taken);
-                if let Err(e) = res {
-                    self.background_failed(ino, &mut b, e);
-                }
+            let _flushing = fb.flushing.lock();
+            let mut b = fb.state.lock();
+            if b.detached || b.flush_error.is_some() || b.bytes() < max {
+                b.flush_pending = false;
                 fb.room.notify_all();
-                continue;
+                return;
             }
             let segs = self.take_for_flush(ino, &mut b);
-            let size = segs.iter().map(|(o, d)| o + d.len() as u64).max().unwrap_or(0);
-            b.add_in_flight(&segs);
-            fb.room.notify_all();
-            let frees = self.data.free_epoch();
-            let (done, res, next) = parking_lot::MutexGuard::unlocked(&mut b, || self.write_overlapped(ino, &fb, prev.take(), segs, size, frees));
-            b.clear_in_flight_front(done);
-            prev = next;
-            if let Err(e) = res {
-                self.background_failed(ino, &mut b, e);
+            if let Err(e) = self.write_taken(ino, &fb, &mut b, segs, false) {
+                tracing::error!(ino, "background write-out: {e}");
+                b.flush_error = Some(e);
             }
             fb.room.notify_all();
-        }
-    }
-
-    fn background_failed(&self, ino: Ino, b: &mut WriteBuffer, e: Error) {
-        tracing::error!(ino, "background write-out: {e}");
-        self.forget_failed(ino, b);
-        b.flush_error = Some(e);
-    }
-
-    /// Writes `segs` (taken from `fb`'s buffer, newer than `prev`'s) with the flush lock held
-    /// and the buffer unlocked: starts their stripes while `prev`'s last ones finish, then
-    /// commits `prev`, and returns how many of the oldest in-flight segments are done with
-    /// (committed or lost), the outcome, and the batch left outstanding. Without a batch
-    /// before it, or while the file is still stored inline (its first write-out moves the
-    /// inline bytes into the stripes), the batch is only started, or written whole.
-    fn write_overlapped(&self, ino: Ino, fb: &FileBuf, prev: Option<StripeBatch>, segs: Vec<Segment>, size: u64, frees: u64) -> (usize, Result<()>, Option<StripeBatch>) {
-        let Some(mut p) = prev else {
-            match self.load(ino) {
-                Ok(rec) if rec.storage == Storage::Inline => {
-                    return (segs.len(), self.write_segments_retrying(ino, &segs, size, false, &fb.commit, frees), None);
-                }
-                Ok(_) => return (0, Ok(()), Some(self.start_batch(ino, segs, size, frees, None))),
-                Err(e) => return (segs.len(), Err(e), None),
-            }
-        };
-        // `prev` was started with the file out of metadata, which it stays.
-        let next = self.start_batch(ino, segs, size, frees, Some(&mut p));
-        let done = p.segs.len();
-        // A lost batch does not stop the next one, which is committed when it finishes, as
-        // the final flush commits bytes buffered after a lost batch: the lost range reads as
-        // it did before, and the next flush reports the loss.
-        (done, self.finish_batch_retrying(ino, p, &fb.commit), Some(next))
-    }
-
-    /// Starts writing the stripes of `segs`, finishing the oldest outstanding stripe (those of
-    /// `older` first) whenever `STRIPES_IN_FLIGHT_MAX` stripes have their writes outstanding.
-    /// A failure is kept in the batch for `finish_batch`.
-    fn start_batch(&self, ino: Ino, segs: Vec<Segment>, size: u64, frees: u64, mut older: Option<&mut StripeBatch>) -> StripeBatch {
-        let pool = self.pool_of(ino);
-        let stripe_max = self.data.pools[pool as usize].stripe_data_max() as usize;
-        let mut batch = StripeBatch { segs: Vec::new(), size, frees, done: Vec::new(), started: VecDeque::new(), failure: None };
-        'outer: for (off, d) in &segs {
-            for (i, start) in (0..d.len()).step_by(stripe_max).enumerate() {
-                let chunk = start..(start + stripe_max).min(d.len());
-                while older.as_ref().map_or(0, |o| o.started.len()) + batch.started.len() >= STRIPES_IN_FLIGHT_MAX {
-                    match older.as_deref_mut().filter(|o| !o.started.is_empty()) {
-                        Some(o) => o.finish_one(self),
-                        None => batch.finish_one(self),
-                    }
-                }
-                if batch.failure.is_some() {
-                    break 'outer;
-                }
-                match self.data.start_stripe(pool, d, chunk) {
-                    Ok(ps) => batch.started.push_back((off + (i * stripe_max) as u64, ps)),
-                    Err(e) => {
-                        batch.failure = Some(e);
-                        break 'outer;
-                    }
-                }
-            }
-        }
-        batch.segs = segs;
-        batch
-    }
-
-    /// Waits for a started batch's stripes and commits them as the file's extents (after
-    /// syncing the drives when `durable`). On failure the batch's stripes are freed.
-    fn finish_batch(&self, ino: Ino, mut batch: StripeBatch, durable: bool, commit: &parking_lot::RwLock<()>) -> Result<()> {
-        while !batch.started.is_empty() {
-            batch.finish_one(self);
-        }
-        if batch.failure.is_none() && durable {
-            // Also covers stripes of this file's earlier unstable flushes.
-            if let Err(e) = self.data.sync_dirty() {
-                batch.failure = Some(e);
-            }
-        }
-        if let Some(e) = batch.failure.take() {
-            for (_, _, rec) in &batch.done {
-                self.data.free_now(rec);
-            }
-            return Err(e);
-        }
-        let written: Vec<StripeRec> = batch.done.iter().map(|(_, _, r)| r.clone()).collect();
-        let cmd = Command::WriteExtents { ino, extents: std::mem::take(&mut batch.done), inline: None, size_at_least: batch.size, now: self.now() };
-        let committed = {
-            let _committing = commit.write();
-            self.execute(cmd, durable)
-        };
-        match committed {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                for s in &written {
-                    self.data.free_now(s);
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// `finish_batch` of a background write-out, written once more as `write_segments_retrying`
-    /// would when it failed for want of space that a metadata sync gives back.
-    fn finish_batch_retrying(&self, ino: Ino, batch: StripeBatch, commit: &parking_lot::RwLock<()>) -> Result<()> {
-        let (segs, size, frees) = (batch.segs.clone(), batch.size, batch.frees);
-        match self.finish_batch(ino, batch, false, commit) {
-            Err(Error::NoSpace(_)) if self.data.frees_pending() || self.data.free_epoch() != frees => {
-                self.sync_metadata()?;
-                self.write_segments(ino, &segs, size, false, commit)
-            }
-            res => res,
         }
     }
 
@@ -2663,10 +2507,7 @@ impl Engine {
         let Some(fb) = self.buffer_of(ino) else {
             return if durable { self.data.sync_dirty() } else { Ok(()) };
         };
-        // A background flush holding the lock stops taking batches when it sees this.
-        fb.flush_waiting.fetch_add(1, Ordering::AcqRel);
         let _flushing = fb.flushing.lock();
-        fb.flush_waiting.fetch_sub(1, Ordering::AcqRel);
         let mut b = fb.state.lock();
         let earlier = b.flush_error.take();
         let segs = b.take_all();
@@ -2731,20 +2572,67 @@ impl Engine {
                 segs = &merged;
             }
         }
-        let batch = self.start_batch(ino, segs.to_vec(), size, self.data.free_epoch(), None);
-        self.finish_batch(ino, batch, durable, commit)
-    }
-
-    /// `write_segments`, tried once more after a metadata sync when the pool was full and
-    /// blocks freed by deletes were waiting for that sync (or released by another thread's
-    /// sync since `frees` was read), so space a delete just gave back is there to write.
-    fn write_segments_retrying(&self, ino: Ino, segs: &[Segment], size: u64, durable: bool, commit: &parking_lot::RwLock<()>, frees: u64) -> Result<()> {
-        match self.write_segments(ino, segs, size, durable, commit) {
-            Err(Error::NoSpace(_)) if self.data.frees_pending() || self.data.free_epoch() != frees => {
-                self.sync_metadata()?;
-                self.write_segments(ino, segs, size, durable, commit)
+        let pool = self.pool_of(ino);
+        let stripe_max = self.data.pools[pool as usize].stripe_data_max() as usize;
+        let mut extents = Vec::new();
+        let mut in_flight = std::collections::VecDeque::new();
+        let mut failure = None;
+        // Up to STRIPES_IN_FLIGHT_MAX stripes have their shard writes outstanding at once, so
+        // encoding the next stripe overlaps the drives writing the previous ones.
+        'outer: for (off, d) in segs {
+            for (i, start) in (0..d.len()).step_by(stripe_max).enumerate() {
+                let chunk = start..(start + stripe_max).min(d.len());
+                if in_flight.len() >= STRIPES_IN_FLIGHT_MAX {
+                    let (o, ps) = in_flight.pop_front().expect("non-empty");
+                    match self.data.finish_stripe(ps) {
+                        Ok(rec) => extents.push((o, self.alloc_stripe_id(), rec)),
+                        Err(e) => {
+                            failure = Some(e);
+                            break 'outer;
+                        }
+                    }
+                }
+                match self.data.start_stripe(pool, d, chunk) {
+                    Ok(ps) => in_flight.push_back((off + (i * stripe_max) as u64, ps)),
+                    Err(e) => {
+                        failure = Some(e);
+                        break 'outer;
+                    }
+                }
             }
-            res => res,
+        }
+        for (o, ps) in in_flight {
+            match self.data.finish_stripe(ps) {
+                Ok(rec) => extents.push((o, self.alloc_stripe_id(), rec)),
+                Err(e) => failure = Some(failure.unwrap_or(e)),
+            }
+        }
+        if failure.is_none() && durable {
+            // Also covers stripes of this file's earlier unstable flushes.
+            if let Err(e) = self.data.sync_dirty() {
+                failure = Some(e);
+            }
+        }
+        if let Some(e) = failure {
+            for (_, _, rec) in &extents {
+                self.data.free_now(rec);
+            }
+            return Err(e);
+        }
+        let written: Vec<StripeRec> = extents.iter().map(|(_, _, r)| r.clone()).collect();
+        let cmd = Command::WriteExtents { ino, extents, inline: None, size_at_least: size, now: self.now() };
+        let committed = {
+            let _committing = commit.write();
+            self.execute(cmd, durable)
+        };
+        match committed {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                for s in &written {
+                    self.data.free_now(s);
+                }
+                Err(e)
+            }
         }
     }
 

@@ -5,8 +5,7 @@
 //! writes and commits them without holding the buffer's lock, so writers go on adding bytes
 //! and readers still see the taken bytes until their extents are committed. Flushes of one
 //! file run one at a time (the engine's per-file flush lock), so they commit in the order they
-//! took their bytes; a background flush may hold two batches in flight, the older one's last
-//! stripes being written while the newer one is encoded, and commits them in that order.
+//! took their bytes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,9 +28,6 @@ pub(crate) struct FileBuf {
     /// Readers hold it shared while they read extents; a flush holds it exclusively while it
     /// commits extents, which may free the stripes a reader is reading. Taken before `state`.
     pub commit: parking_lot::RwLock<()>,
-    /// Flushes waiting for `flushing` (close, commit, truncate): a background flush holding
-    /// it stops taking batches while this is not zero.
-    pub flush_waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl FileBuf {
@@ -41,7 +37,6 @@ impl FileBuf {
             flushing: parking_lot::Mutex::new(()),
             room: parking_lot::Condvar::new(),
             commit: parking_lot::RwLock::new(()),
-            flush_waiting: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 }
@@ -98,8 +93,7 @@ pub(crate) struct WriteBuffer {
     /// copying; stripe-sized buffers are huge-page mappings kept for reuse (`FillBuf`), so
     /// they are not mapped, faulted in and unmapped for every stripe.
     chunk: usize,
-    /// Segments running flushes took and have not committed yet, oldest first; older than
-    /// every `segs` byte.
+    /// Segments a running flush took and has not committed yet; older than every `segs` byte.
     in_flight: Vec<Segment>,
     /// A background flush of this file is queued or running.
     pub flush_pending: bool,
@@ -145,20 +139,9 @@ impl WriteBuffer {
         self.in_flight = segs.to_vec();
     }
 
-    /// Marks `segs` as taken by a background flush that may still be writing segments taken
-    /// before them: they come after those (and overlay them).
-    pub fn add_in_flight(&mut self, segs: &[Segment]) {
-        self.in_flight.extend_from_slice(segs);
-    }
-
     /// The running flush committed (or lost) its segments.
     pub fn clear_in_flight(&mut self) {
         self.in_flight.clear();
-    }
-
-    /// The oldest `n` in-flight segments were committed (or lost).
-    pub fn clear_in_flight_front(&mut self, n: usize) {
-        self.in_flight.drain(..n.min(self.in_flight.len()));
     }
 
     /// End of the last buffered or in-flight segment (0 when empty).

@@ -198,10 +198,9 @@ fn a_failed_background_write_out_fails_the_next_commit() {
     assert_eq!(get(&e, "/f"), new);
 }
 
-/// Background write-outs overlap (a batch's stripes are started while the batch before it
-/// finishes). When one batch fails part-way through a long write, on a drive that then works
-/// again, exactly that batch's range is lost (it reads as before: zeros past the old end),
-/// every byte before and after it is the writer's, and the commit reports the loss.
+/// When one background write-out fails part-way through a long write, on a drive that then
+/// works again, exactly that batch's range is lost (it reads as before: zeros past the old
+/// end), every byte before and after it is the writer's, and the commit reports the loss.
 #[test]
 fn a_write_out_failing_mid_file_loses_that_batch_alone() {
     let dir = tempfile::tempdir().unwrap();
