@@ -14,8 +14,9 @@
 # noisy machine. The table gives the medians of the rounds' values and of their ratios, with the
 # ratios' range. A second table gives each client-paced or disk-paced row's ceiling: the ratio
 # to the peer that no server could pass in the same run (for the write rows, that Aquifer
-# cannot: two thirds of the disk's O_DIRECT write by fio, as it writes 4+2 parity too; for the
-# read with READs in flight, the disk's O_DIRECT read by fio, the best of three request shapes;
+# cannot: two thirds of the disk's O_DIRECT write by fio, as it writes 4+2 parity too, and
+# beside it what share of the disk writing Aquifer's own pattern in the same round Aquifer
+# reached; for the read with READs in flight, the disk's O_DIRECT read by fio, the best of three request shapes;
 # for the rows one nfs-cp process paces, the peer's time less the time from each call to its
 # reply's first byte, and in brackets less all the time a call was outstanding, from a packet
 # capture read by scripts/rpc-busy.py).
@@ -398,14 +399,32 @@ disk_rate() { # read|write ROUND
     done
     add "disk.${rw}_MiB_per_s" "$best"
 }
+# The disk writing what Aquifer's write of the big file writes, just before the round's NFS
+# writes: with 4+2 parity 1.5 times its bytes, over six files (one per drive file) in 1 MiB
+# requests (a shard), four in flight in each (four stripes' shards outstanding), over written
+# blocks, synced at the end. The best-of-three shapes above pick the disk's best moments; this
+# is the same bytes in Aquifer's own pattern, in the same minute as the round's writes.
+own_write() { # ROUND
+    local out bw
+    if ! command -v fio >/dev/null; then return 0; fi
+    out=$(fio --name=own --directory="$work/own" --filename_format='drive-$jobnum' --numjobs=6 --size="$((size_mib / 4))M" \
+        --rw=write --bs=1M --iodepth=4 --ioengine=libaio --direct=1 --end_fsync=1 --group_reporting \
+        --output-format=json 2>>"$work/cmd.log") || { echo "fio failed" >&2; return 1; }
+    bw=$(python3 -c 'import json,sys; r = json.load(sys.stdin)["jobs"][0]["write"]; print(round(r["bw_bytes"] / 1048576))' <<<"$out")
+    log "disk O_DIRECT write round $1, Aquifer's pattern (six files, 1 MiB, 4 in flight each): $bw MiB/s"
+    add "disk.own_write_MiB_per_s" "$bw"
+}
 if command -v fio >/dev/null; then
     head -c "$((size_mib * 1048576))" /dev/urandom >"$work/disk.bin"
+    mkdir -p "$work/own"
+    for k in 0 1 2 3 4 5; do head -c "$((size_mib / 4 * 1048576))" /dev/urandom >"$work/own/drive-$k"; done
     sync
 fi
 
 for i in $(seq "$reps"); do
     disk_rate write "$i"
     disk_rate read "$i"
+    own_write "$i"
     in_order "$i" aquifer ganesha nfs_rw
     in_order "$i" aquifer ganesha nfs_create
     in_order "$i" aquifer ganesha nfs_cp_loop
@@ -500,7 +519,8 @@ if [[ -n "${T[disk.read_MiB_per_s]:-}${T[disk.write_MiB_per_s]:-}" || ${#BUSY[@]
     python3 - "$size_mib" "${T[disk.read_MiB_per_s]:-}" "${T[ganesha.nfs_rp]}" "${T[aquifer.nfs_rp]}" \
         "${BUSY[ganesha.nfs_r]:-}" "${BUSY[aquifer.nfs_r]:-}" "${T[ganesha.nfs_r]}" "${T[aquifer.nfs_r]}" \
         "${BUSY[ganesha.nfs_cp]:-}" "${BUSY[aquifer.nfs_cp]:-}" "${T[ganesha.nfs_cp]}" "${T[aquifer.nfs_cp]}" \
-        "${T[disk.write_MiB_per_s]:-}" "${T[ganesha.nfs_w]}" "${T[aquifer.nfs_w]}" "${T[sshd.sftp_p]}" "${T[aquifer.sftp_p]}" <<'PY'
+        "${T[disk.write_MiB_per_s]:-}" "${T[ganesha.nfs_w]}" "${T[aquifer.nfs_w]}" "${T[sshd.sftp_p]}" "${T[aquifer.sftp_p]}" \
+        "${T[disk.own_write_MiB_per_s]:-}" <<'PY'
 import statistics as st, sys
 a = sys.argv[1:]
 size = float(a[0])
@@ -511,9 +531,15 @@ if a[12]:
     disk = med(a[12])
     for row, peer_s, aq_s in (("sequential write (nfs-cp)", a[13], a[14]), ("SFTP put", a[15], a[16])):
         peer, aq = size / med(peer_s), size / med(aq_s)
+        own = ""
+        if a[17]:
+            # Per round: Aquifer's bytes with parity over the disk's in Aquifer's pattern that round.
+            fr = [size * 1.5 / float(t) / float(d) for t, d in zip(aq_s.split(), a[17].split())]
+            own = (f"; in Aquifer's own pattern the disk wrote {med(a[17]):.0f} MiB/s, and Aquifer reached "
+                   f"{st.median(fr):.2f} ({min(fr):.2f}–{max(fr):.2f}) of it in the same rounds")
         print(f"| {row} | {disk / 1.5 / peer:.2f} | the disk's O_DIRECT write, {disk:.0f} MiB/s, of which Aquifer's 4+2 "
               f"parity leaves two thirds (peer at {peer / disk:.2f} of the disk's write; Aquifer at {aq * 1.5 / disk:.2f} "
-              f"of it with parity) | {ratio(peer_s, aq_s):.2f} |")
+              f"of it with parity{own}) | {ratio(peer_s, aq_s):.2f} |")
 if a[1]:
     disk, peer, aq = med(a[1]), size / med(a[2]), size / med(a[3])
     print(f"| sequential read, READs in flight | {disk / peer:.2f} | the disk's O_DIRECT read, {disk:.0f} MiB/s "
