@@ -16,10 +16,10 @@
 # to the peer that no server could pass in the same run (for the write rows, that Aquifer
 # cannot: two thirds of the disk's O_DIRECT write by fio, as it writes 4+2 parity too, and
 # beside it what share of the disk writing Aquifer's own pattern in the same round Aquifer
-# reached; for the read with READs in flight, the disk's O_DIRECT read by fio, the best of three request shapes;
-# for the rows one nfs-cp process paces, the peer's time less the time from each call to its
-# reply's first byte, and in brackets less all the time a call was outstanding, from a packet
-# capture read by scripts/rpc-busy.py).
+# reached; for the read with READs in flight, the disk's O_DIRECT read by fio, the best of
+# three request shapes; for the rows one nfs-cp process paces, the peer's time less the time
+# from each call to its reply's first byte, and in brackets less all the time a call was
+# outstanding, from a packet capture read by scripts/rpc-busy.py).
 #
 #   scripts/bench-nfs-sftp.sh
 #
