@@ -469,6 +469,24 @@ impl SftpSession {
         Some(data_reply(id, &w.1, a, a + len))
     }
 
+    /// WRITE: `data` is a view of the request packet's buffer (`serve::run` reads WRITEs in
+    /// place), or the data russh-sftp decoded.
+    pub(crate) async fn write_bytes(&mut self, id: u32, handle: &str, offset: u64, data: Bytes) -> Result<Status, StatusCode> {
+        let (ino, append) = self.file_ino(handle)?;
+        self.ahead.clear();
+        // Most writes only add to the file's write buffer: done here, without a trip to a
+        // blocking thread per 32 KiB request (that trip cost more than the write).
+        if !append && self.engine.try_write_buffered(&self.caller, ino, offset, &data).map_err(|e| code(&e))? {
+            return Ok(ok(id));
+        }
+        self.run(move |e, c, _| {
+            let off = if append { e.getattr(c, ino)?.size } else { offset };
+            e.write(c, ino, off, &data, Stability::Unstable).map(|_| ())
+        })
+        .await?;
+        Ok(ok(id))
+    }
+
     fn file_ino(&self, handle: &str) -> Result<(Ino, bool), StatusCode> {
         match self.handles.get(handle) {
             Some(Open::File { ino, append }) => Ok((*ino, *append)),
@@ -552,19 +570,7 @@ impl russh_sftp::server::Handler for SftpSession {
     // the bytes the engine read.
 
     async fn write(&mut self, id: u32, handle: String, offset: u64, data: Vec<u8>) -> Result<Status, Self::Error> {
-        let (ino, append) = self.file_ino(&handle)?;
-        self.ahead.clear();
-        // Most writes only add to the file's write buffer: done here, without a trip to a
-        // blocking thread per 32 KiB request (that trip cost more than the write).
-        if !append && self.engine.try_write_buffered(&self.caller, ino, offset, &data).map_err(|e| code(&e))? {
-            return Ok(ok(id));
-        }
-        self.run(move |e, c, _| {
-            let off = if append { e.getattr(c, ino)?.size } else { offset };
-            e.write(c, ino, off, &data, Stability::Unstable).map(|_| ())
-        })
-        .await?;
-        Ok(ok(id))
+        self.write_bytes(id, &handle, offset, Bytes::from(data)).await
     }
 
     async fn lstat(&mut self, id: u32, path: String) -> Result<Attrs, Self::Error> {

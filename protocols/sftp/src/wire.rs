@@ -23,6 +23,28 @@ pub(crate) fn decode(packet: Vec<u8>) -> Result<Packet, StatusCode> {
     Packet::try_from(&mut Bytes::from(packet)).map_err(|_| StatusCode::BadMessage)
 }
 
+/// SSH_FXP_WRITE's packet type.
+const FXP_WRITE: u8 = 6;
+
+/// A WRITE request's fields read in place, without copying its data: (request id, handle,
+/// offset, the data's range in `packet`). `None` when the packet is not a WRITE, or not one
+/// whose bytes are exactly its fields with a UTF-8 handle: [`decode`] then answers it as it
+/// answers any other packet. Where this reads a WRITE, `decode` reads the same fields
+/// (`protocols/sftp/fuzz` checks it).
+pub(crate) fn write_request(packet: &[u8]) -> Option<(u32, &str, u64, std::ops::Range<usize>)> {
+    let u32_at = |at: usize| packet.get(at..at.checked_add(4)?).map(|b| u32::from_be_bytes(b.try_into().expect("four bytes")));
+    if *packet.first()? != FXP_WRITE {
+        return None;
+    }
+    let id = u32_at(1)?;
+    let handle_end = 9usize.checked_add(u32_at(5)? as usize)?;
+    let handle = std::str::from_utf8(packet.get(9..handle_end)?).ok()?;
+    let offset = u64::from_be_bytes(packet.get(handle_end..handle_end + 8)?.try_into().expect("eight bytes"));
+    let data_start = handle_end + 12;
+    let data_end = data_start.checked_add(u32_at(handle_end + 8)? as usize)?;
+    (data_end == packet.len()).then_some((id, handle, offset, data_start..data_end))
+}
+
 /// The `N` SSH strings (u32 length, bytes) that make up an extended request's data, exactly.
 pub(crate) fn ssh_strings<const N: usize>(mut data: &[u8]) -> Result<[String; N], StatusCode> {
     let mut out: [String; N] = std::array::from_fn(|_| String::new());

@@ -9,7 +9,8 @@
 //! Besides crashes and allocations over the limit (a packet is at most 256 KiB), it checks:
 //! normalised paths have no empty, `.` or `..` component and no `/` inside one, and
 //! normalising their joined form gives them back; a decoded request encodes and decodes to
-//! the same request.
+//! the same request; a WRITE read in place (`wire::write_request`) has the fields russh-sftp
+//! decodes from it.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -29,6 +30,13 @@ fuzz_target!(|data: &[u8]| {
         let Some(n) = wire::packet_len(len) else { break };
         let Some(packet) = rest.get(4..4 + n) else { break };
         rest = &rest[4 + n..];
+        if let Some((id, handle, offset, data)) = wire::write_request(packet) {
+            // A WRITE read in place must be what russh-sftp decodes.
+            match wire::decode(packet.to_vec()) {
+                Ok(Packet::Write(w)) => assert_eq!((w.id, w.handle.as_str(), w.offset, &w.data[..]), (id, handle, offset, &packet[data])),
+                other => panic!("read in place as a WRITE, decoded as {other:?}"),
+            }
+        }
         if let Ok(request) = wire::decode(packet.to_vec()) {
             paths(&request);
             round_trip(request);
