@@ -475,7 +475,7 @@ impl SftpSession {
         let (ino, append) = self.file_ino(handle)?;
         self.ahead.clear();
         // Most writes only add to the file's write buffer: done here, without a trip to a
-        // blocking thread per 32 KiB request (that trip cost more than the write).
+        // blocking thread per request (that trip cost more than the write).
         if !append && self.engine.try_write_buffered(&self.caller, ino, offset, &data).map_err(|e| code(&e))? {
             return Ok(ok(id));
         }
