@@ -385,15 +385,20 @@ in_order() {
 # blocks, as Aquifer's drive files are, and is synced at the end as nfs-cp's COMMIT is:
 # Aquifer writes 1.5 bytes a byte with the default 4+2 parity before it answers a COMMIT or an
 # SFTP close, so the write rows cannot pass two thirds of it.
+fio_rate() { # read|write FIO_ARGS... : fio's MiB/s for the job (summed over its files), as JSON read
+    local rw=$1 out
+    shift
+    out=$(fio "$@" --rw="$rw" --ioengine=libaio --direct=1 --output-format=json 2>>"$work/cmd.log") || { echo "fio failed" >&2; return 1; }
+    python3 -c 'import json,sys; r = json.load(sys.stdin)["jobs"][0][sys.argv[1]]; print(round(r["bw_bytes"] / 1048576))' "$rw" <<<"$out"
+}
 disk_rate() { # read|write ROUND
-    local rw=$1 out shape best=0 bw extra=()
+    local rw=$1 shape best=0 bw extra=()
     if ! command -v fio >/dev/null; then return 0; fi
     [[ $rw == write ]] && extra=(--end_fsync=1)
     for shape in 1M:16 4M:8 4M:16; do
         [[ $rw == read ]] && drop_caches
-        out=$(fio --name=disk --filename="$work/disk.bin" --rw="$rw" --bs="${shape%:*}" --iodepth="${shape#*:}" \
-            --ioengine=libaio --direct=1 "${extra[@]}" --size="${size_mib}M" --output-format=json 2>>"$work/cmd.log") || { echo "fio failed" >&2; return 1; }
-        bw=$(python3 -c 'import json,sys; r = json.load(sys.stdin)["jobs"][0][sys.argv[1]]; print(round(r["bw_bytes"] / 1048576))' "$rw" <<<"$out")
+        bw=$(fio_rate "$rw" --name=disk --filename="$work/disk.bin" --bs="${shape%:*}" --iodepth="${shape#*:}" \
+            "${extra[@]}" --size="${size_mib}M") || return 1
         log "disk O_DIRECT $rw round $2, $shape: $bw MiB/s"
         ((bw > best)) && best=$bw
     done
@@ -405,12 +410,10 @@ disk_rate() { # read|write ROUND
 # blocks, synced at the end. The best-of-three shapes above pick the disk's best moments; this
 # is the same bytes in Aquifer's own pattern, in the same minute as the round's writes.
 own_write() { # ROUND
-    local out bw
+    local bw
     if ! command -v fio >/dev/null; then return 0; fi
-    out=$(fio --name=own --directory="$work/own" --filename_format='drive-$jobnum' --numjobs=6 --size="$((size_mib / 4))M" \
-        --rw=write --bs=1M --iodepth=4 --ioengine=libaio --direct=1 --end_fsync=1 --group_reporting \
-        --output-format=json 2>>"$work/cmd.log") || { echo "fio failed" >&2; return 1; }
-    bw=$(python3 -c 'import json,sys; r = json.load(sys.stdin)["jobs"][0]["write"]; print(round(r["bw_bytes"] / 1048576))' <<<"$out")
+    bw=$(fio_rate write --name=own --directory="$work/own" --filename_format='drive-$jobnum' --numjobs=6 \
+        --size="$((size_mib / 4))M" --bs=1M --iodepth=4 --end_fsync=1 --group_reporting) || return 1
     log "disk O_DIRECT write round $1, Aquifer's pattern (six files, 1 MiB, 4 in flight each): $bw MiB/s"
     add "disk.own_write_MiB_per_s" "$bw"
 }
