@@ -678,6 +678,100 @@ async fn malformed_records_get_errors_or_a_closed_connection_never_a_crash() {
     server.stop().await;
 }
 
+/// Names a directory entry cannot have (with `/` or NUL, empty, `.`, `..`, over 255 bytes)
+/// are refused by every procedure that makes an entry, a LOOKUP of a name with `/` does not
+/// walk into a subdirectory, `..` at a mounted directory does not leave it, and a write or
+/// size past the largest file is refused: each with an error, nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_names_and_sizes_past_the_largest_file_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let c = Caller::system();
+    let d = engine.mkdir(&c, storage_engine::ROOT_INO, b"d", 0o755).unwrap();
+    let f = engine.create(&c, d.ino, b"f", 0o644, true).unwrap();
+    engine.write(&c, f.ino, 0, b"content", Stability::Durable).unwrap();
+    let server = Server::start(engine.clone(), vec![export("/")]).await;
+    let root = mount_root(server.addr, "/").await;
+    let mut nfs = client(server.addr).await;
+    let fh = |name: &[u8], nfs_dir: &nfs_fh3| diropargs3 { dir: nfs_dir.clone(), name: filename3(Opaque::owned(name.to_vec())) };
+    let d_fh = nfs.lookup(&LOOKUP3args { what: fh(b"d", &root) }).await.unwrap().unwrap().object;
+    let f_fh = nfs.lookup(&LOOKUP3args { what: fh(b"f", &d_fh) }).await.unwrap().unwrap().object;
+    let listing = |e: &Engine, ino| {
+        let mut names: Vec<Vec<u8>> = e.readdir(&Caller::system(), ino, None, 1000).unwrap().entries.into_iter().map(|x| x.name).collect();
+        names.sort();
+        names
+    };
+    let (root_before, d_before) = (listing(&engine, storage_engine::ROOT_INO), listing(&engine, d.ino));
+    let long = vec![b'x'; 256];
+    let bad: [&[u8]; 7] = [b"a/b", b"d/f", b"a\0b", b"", b".", b"..", &long];
+    for name in bad {
+        let shown = String::from_utf8_lossy(name).into_owned();
+        // A refusal is an NFS error, or GARBAGE_ARGS (the Linux server's answer to `/` and
+        // NUL), after which the client's connection is replaced.
+        macro_rules! refused {
+            ($what:literal, $call:expr) => {{
+                match $call {
+                    Ok(Nfs3Result::Ok(_)) => panic!("{} {shown:?} was accepted", $what),
+                    Ok(Nfs3Result::Err(_)) => {}
+                    Err(_) => nfs = client(server.addr).await,
+                }
+            }};
+        }
+        refused!("CREATE", nfs.create(&CREATE3args { where_: fh(name, &root), how: createhow3::UNCHECKED(sattr3::default()) }).await);
+        refused!("MKDIR", nfs.mkdir(&MKDIR3args { where_: fh(name, &root), attributes: sattr3::default() }).await);
+        refused!(
+            "SYMLINK",
+            nfs.symlink(&SYMLINK3args {
+                where_: fh(name, &root),
+                symlink: symlinkdata3 { symlink_attributes: sattr3::default(), symlink_data: nfspath3(Opaque::owned(b"d/f".to_vec())) },
+            })
+            .await
+        );
+        refused!("MKNOD", nfs.mknod(&MKNOD3args { where_: fh(name, &root), what: mknoddata3::NF3FIFO(sattr3::default()) }).await);
+        refused!("RENAME to", nfs.rename(&RENAME3args { from: fh(b"f", &d_fh), to: fh(name, &root) }).await);
+        refused!("LINK", nfs.link(&LINK3args { file: f_fh.clone(), link: fh(name, &root) }).await);
+        if name != b".." && !name.is_empty() && name != b"." {
+            refused!("LOOKUP", nfs.lookup(&LOOKUP3args { what: fh(name, &root) }).await);
+        }
+    }
+    assert_eq!(listing(&engine, storage_engine::ROOT_INO), root_before, "the root gained or lost entries");
+    assert_eq!(listing(&engine, d.ino), d_before, "d gained or lost entries");
+    // With /d the only export, `..` at its root does not lead above it (the Linux server
+    // answers with the export's root itself).
+    let only_d = Server::start(engine.clone(), vec![export("/d")]).await;
+    let d_root = mount_root(only_d.addr, "/d").await;
+    let mut in_d = client(only_d.addr).await;
+    match in_d.lookup(&LOOKUP3args { what: fh(b"..", &d_root) }).await.unwrap() {
+        Nfs3Result::Ok(up) => assert_eq!(
+            in_d.getattr(&GETATTR3args { object: up.object }).await.unwrap().unwrap().obj_attributes.fileid,
+            d.ino,
+            "`..` at the export's root led above it"
+        ),
+        Nfs3Result::Err(_) => {}
+    }
+    only_d.stop().await;
+    // Writes and sizes past the largest file the engine keeps.
+    let max = storage_engine::FILE_BYTES_MAX;
+    for offset in [max - 2, max, u64::MAX - 1] {
+        let w = nfs
+            .write(&WRITE3args { file: f_fh.clone(), offset, count: 4, stable: stable_how::FILE_SYNC, data: Opaque::owned(b"past".to_vec()) })
+            .await
+            .unwrap();
+        assert!(matches!(w, Nfs3Result::Err((nfsstat3::NFS3ERR_FBIG, _))), "WRITE at {offset}: {w:?}");
+    }
+    for size in [max + 1, u64::MAX] {
+        let s = nfs
+            .setattr(&SETATTR3args { object: f_fh.clone(), new_attributes: sattr3 { size: Nfs3Option::Some(size), ..Default::default() }, guard: Nfs3Option::None })
+            .await
+            .unwrap();
+        assert!(matches!(s, Nfs3Result::Err((nfsstat3::NFS3ERR_FBIG, _))), "SETATTR size {size}: {s:?}");
+    }
+    let a = nfs.getattr(&GETATTR3args { object: f_fh.clone() }).await.unwrap().unwrap();
+    assert_eq!(a.obj_attributes.size, 7);
+    assert_eq!(engine.read(&c, f.ino, 0, 100).unwrap(), b"content");
+    server.stop().await;
+}
+
 /// The root handle with its generation replaced (or the inode replaced when `generation` is 0).
 fn forge(root: &nfs_fh3, generation: u64) -> Vec<u8> {
     let mut v = root.data.to_vec();
