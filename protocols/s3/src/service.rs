@@ -1017,6 +1017,19 @@ fn put_object_output(etag: String, version_id: Option<String>, sums: Checksum) -
     }
 }
 
+/// The error for a request body that could not be read to its end. s3s's `aws-chunked`
+/// decoder, whose error type is private to it, reports a chunk whose signature does not follow
+/// from the one before as `AwsChunkedStreamError: SignatureMismatch`; S3 answers that with
+/// `SignatureDoesNotMatch` (403). (s3s is pinned; `tests/bad_input.rs` checks the answer.)
+fn body_error(e: impl std::fmt::Display) -> S3Error {
+    let m = e.to_string();
+    if m.ends_with("SignatureMismatch") {
+        err(S3ErrorCode::SignatureDoesNotMatch, "a chunk's signature does not follow from the upload's signatures")
+    } else {
+        err(S3ErrorCode::IncompleteBody, format!("read request body: {m}"))
+    }
+}
+
 /// A PUT body read until its end or past [`SMALL_PUT_BYTES`].
 enum Received {
     Whole(Vec<u8>),
@@ -1028,7 +1041,7 @@ enum Received {
 async fn receive_small(mut body: StreamingBlob, check: &mut ChecksumCheck) -> S3Result<Received> {
     let mut buf = Vec::new();
     while let Some(frame) = body.next().await {
-        let bytes = frame.map_err(|e| err(S3ErrorCode::IncompleteBody, format!("read request body: {e}")))?;
+        let bytes = frame.map_err(body_error)?;
         check.hasher.update(&bytes);
         buf.extend_from_slice(&bytes);
         if buf.len() > SMALL_PUT_BYTES {
@@ -1074,7 +1087,7 @@ async fn write_body(engine: &Arc<Engine>, caller: &Caller, ino: Ino, received: V
                     if let Some(w) = writing.take() {
                         let _ = w.await;
                     }
-                    return Err(err(S3ErrorCode::IncompleteBody, format!("read request body: {e}")));
+                    return Err(body_error(e));
                 }
             }
         }

@@ -5,7 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{base64, error_code, start};
+use common::{REGION, amz_ago, base64, error_code, hmac, signing_key, start, uri_encode};
+use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -498,5 +499,131 @@ async fn an_anonymous_form_that_stalls_is_cut_off() {
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("<Code>RequestTimeout</Code>"), "{answer}");
     assert_eq!(s.call("HEAD", "/forms/half", &[], vec![]).await.0, 404);
+    s.stop().await;
+}
+
+/// A presigned URL for `method` on `path`, signed `ago` seconds ago and valid for `expires`
+/// seconds from then.
+fn presigned(s: &common::Server, method: &str, path: &str, ago: i64, expires: u32) -> String {
+    let (amz_date, day) = amz_ago(ago);
+    let scope = format!("{day}/{REGION}/s3/aws4_request");
+    let credential = format!("{}/{scope}", s.access);
+    let query = format!(
+        "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential={}&X-Amz-Date={amz_date}&X-Amz-Expires={expires}&X-Amz-SignedHeaders=host",
+        uri_encode(&credential, true)
+    );
+    let canonical = format!("{method}\n{path}\n{query}\nhost:{}\n\nhost\nUNSIGNED-PAYLOAD", s.addr);
+    let to_sign = format!("AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}", hex::encode(Sha256::digest(canonical.as_bytes())));
+    let sig = hex::encode(hmac(&signing_key(&s.secret, &day), to_sign.as_bytes()));
+    format!("http://{}{path}?{query}&X-Amz-Signature={sig}", s.addr)
+}
+
+/// A presigned URL whose time has passed is refused (`AccessDenied`) for GET and PUT, and the
+/// PUT stores nothing; the same URL signed now works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_presigned_urls_are_refused() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/bkt", &[], vec![]).await.0, 200);
+    assert_eq!(s.call("PUT", "/bkt/obj", &[], b"kept".to_vec()).await.0, 200);
+    let get = |url: String| async { s.http.get(url).send().await.unwrap() };
+    let r = get(presigned(&s, "GET", "/bkt/obj", 0, 300)).await;
+    assert_eq!(r.status(), 200, "a fresh presigned GET");
+    assert_eq!(&r.bytes().await.unwrap()[..], b"kept");
+    for (ago, expires) in [(3600, 60), (120, 60), (8 * 86_400, 7 * 86_400)] {
+        let r = get(presigned(&s, "GET", "/bkt/obj", ago, expires)).await;
+        let st = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        assert_eq!((st, error_code(&body)), (403, "AccessDenied"), "GET signed {ago} s ago for {expires} s: {body}");
+        let r = s.http.put(presigned(&s, "PUT", "/bkt/obj", ago, expires)).body("replaced").send().await.unwrap();
+        let st = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        assert_eq!((st, error_code(&body)), (403, "AccessDenied"), "PUT signed {ago} s ago for {expires} s: {body}");
+        let r = s.http.put(presigned(&s, "PUT", "/bkt/new", ago, expires)).body("new").send().await.unwrap();
+        assert_eq!(r.status(), 403);
+    }
+    assert_eq!(s.call("GET", "/bkt/obj", &[], vec![]).await, (200, "kept".to_string()));
+    assert_eq!(s.call("HEAD", "/bkt/new", &[], vec![]).await.0, 404);
+    let r = s.http.put(presigned(&s, "PUT", "/bkt/new", 0, 300)).body("new").send().await.unwrap();
+    assert_eq!(r.status(), 200, "a fresh presigned PUT");
+    assert_eq!(s.call("GET", "/bkt/new", &[], vec![]).await, (200, "new".to_string()));
+    s.stop().await;
+}
+
+/// A streaming (`aws-chunked`) PUT of `chunks`, each chunk signed in the chain from the
+/// request's own signature; `tamper` names a chunk whose signature is spoiled (the last,
+/// empty chunk is number `chunks.len()`). Returns (status, body).
+async fn chunked_put(s: &common::Server, path: &str, chunks: &[Vec<u8>], tamper: Option<usize>) -> (u16, String) {
+    let (amz_date, day) = amz_ago(0);
+    let scope = format!("{day}/{REGION}/s3/aws4_request");
+    let key = signing_key(&s.secret, &day);
+    let decoded: usize = chunks.iter().map(Vec::len).sum();
+    let signed_headers = "content-encoding;host;x-amz-content-sha256;x-amz-date;x-amz-decoded-content-length";
+    let canonical = format!(
+        "PUT\n{path}\n\ncontent-encoding:aws-chunked\nhost:{}\nx-amz-content-sha256:STREAMING-AWS4-HMAC-SHA256-PAYLOAD\nx-amz-date:{amz_date}\nx-amz-decoded-content-length:{decoded}\n\n{signed_headers}\nSTREAMING-AWS4-HMAC-SHA256-PAYLOAD",
+        s.addr
+    );
+    let to_sign = format!("AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}", hex::encode(Sha256::digest(canonical.as_bytes())));
+    let mut prev = hex::encode(hmac(&key, to_sign.as_bytes()));
+    let auth = format!("AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed_headers}, Signature={prev}", s.access);
+    let empty = hex::encode(Sha256::digest(b""));
+    let mut body = Vec::new();
+    let last = Vec::new();
+    for (i, c) in chunks.iter().chain(std::iter::once(&last)).enumerate() {
+        let to_sign = format!("AWS4-HMAC-SHA256-PAYLOAD\n{amz_date}\n{scope}\n{prev}\n{empty}\n{}", hex::encode(Sha256::digest(c)));
+        let mut sig = hex::encode(hmac(&key, to_sign.as_bytes()));
+        prev = sig.clone();
+        if tamper == Some(i) {
+            sig.replace_range(0..1, if sig.starts_with('0') { "1" } else { "0" });
+        }
+        body.extend_from_slice(format!("{:x};chunk-signature={sig}\r\n", c.len()).as_bytes());
+        body.extend_from_slice(c);
+        body.extend_from_slice(b"\r\n");
+    }
+    let r = s
+        .http
+        .put(format!("http://{}{path}", s.addr))
+        .header("content-encoding", "aws-chunked")
+        .header("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD")
+        .header("x-amz-date", amz_date)
+        .header("x-amz-decoded-content-length", decoded.to_string())
+        .header("authorization", auth)
+        .body(body)
+        .send()
+        .await;
+    let r = r.expect("the answer to a streaming upload");
+    (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
+/// A streaming upload with a chunk whose signature does not follow from the one before is
+/// refused and changes nothing: the object it would replace keeps its bytes, a new key does
+/// not appear, and no space stays used. The same upload signed right is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_upload_with_a_bad_chunk_signature_changes_nothing() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/bkt", &[], vec![]).await.0, 200);
+    assert_eq!(s.call("PUT", "/bkt/obj", &[], b"kept".to_vec()).await.0, 200);
+    let chunks: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i + 1; 700 * 1024]).collect();
+    let whole: Vec<u8> = chunks.concat();
+    let before = s.used_bytes().await;
+    for (path, tamper) in [("/bkt/obj", 0), ("/bkt/obj", 2), ("/bkt/new", 3), ("/bkt/new", 4)] {
+        let (st, body) = chunked_put(&s, path, &chunks, Some(tamper)).await;
+        assert_eq!((st, error_code(&body)), (403, "SignatureDoesNotMatch"), "chunk {tamper} spoiled, {path}: {body}");
+        assert_eq!(s.call("GET", "/bkt/obj", &[], vec![]).await, (200, "kept".to_string()), "chunk {tamper} spoiled, {path}");
+        assert_eq!(s.call("HEAD", "/bkt/new", &[], vec![]).await.0, 404, "chunk {tamper} spoiled, {path}");
+    }
+    let mut settled = false;
+    for _ in 0..100 {
+        if s.used_bytes().await == before {
+            settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(settled, "space used before {before}, after {}", s.used_bytes().await);
+    let (st, body) = chunked_put(&s, "/bkt/obj", &chunks, None).await;
+    assert_eq!(st, 200, "{body}");
+    let r = s.signed("GET", "/bkt/obj", &[], vec![]).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.bytes().await.unwrap()[..] == whole[..], "the streamed object's bytes");
     s.stop().await;
 }

@@ -84,11 +84,7 @@ impl Server {
         );
         let scope = format!("{day}/{REGION}/s3/aws4_request");
         let to_sign = format!("AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}", hex::encode(Sha256::digest(canonical.as_bytes())));
-        let mut key = hmac(format!("AWS4{secret}").as_bytes(), day.as_bytes());
-        for part in [REGION, "s3", "aws4_request"] {
-            key = hmac(&key, part.as_bytes());
-        }
-        let sig = hex::encode(hmac(&key, to_sign.as_bytes()));
+        let sig = hex::encode(hmac(&signing_key(secret, &day), to_sign.as_bytes()));
         let auth = format!("AWS4-HMAC-SHA256 Credential={access}/{scope}, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={sig}");
         let url = if canonical_query.is_empty() {
             format!("http://{host}{canonical_path}")
@@ -155,8 +151,17 @@ pub fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
     m.finalize().into_bytes().to_vec()
 }
 
+/// The SigV4 signing key of `secret` for `day` (`YYYYMMDD`).
+pub fn signing_key(secret: &str, day: &str) -> Vec<u8> {
+    let mut key = hmac(format!("AWS4{secret}").as_bytes(), day.as_bytes());
+    for part in [REGION, "s3", "aws4_request"] {
+        key = hmac(&key, part.as_bytes());
+    }
+    key
+}
+
 /// SigV4 URI encoding; '/' stays in paths.
-fn uri_encode(s: &str, encode_slash: bool) -> String {
+pub fn uri_encode(s: &str, encode_slash: bool) -> String {
     let mut out = String::new();
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) || (b == b'/' && !encode_slash) {
@@ -170,7 +175,12 @@ fn uri_encode(s: &str, encode_slash: bool) -> String {
 
 /// (`YYYYMMDDTHHMMSSZ`, `YYYYMMDD`) for now, UTC.
 pub fn amz_now() -> (String, String) {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_secs() as i64;
+    amz_ago(0)
+}
+
+/// (`YYYYMMDDTHHMMSSZ`, `YYYYMMDD`) for `ago` seconds before now, UTC.
+pub fn amz_ago(ago: i64) -> (String, String) {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_secs() as i64 - ago;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
     let z = days + 719_468;
