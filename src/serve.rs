@@ -20,7 +20,8 @@ pub struct ServeArgs {
     /// Address of the S3 API.
     #[arg(long, env = "AQUIFER_S3_LISTEN")]
     s3: Option<SocketAddr>,
-    /// Base domain for virtual-host style S3 requests (bucket.DOMAIN).
+    /// Base domain for virtual-host style S3 requests: a Host of bucket.DOMAIN (any port)
+    /// names the bucket; other hosts are path style. A DNS name without a port.
     #[arg(long)]
     s3_domain: Option<String>,
     /// Length of an S3 lifecycle day in seconds (default a real day, 86400). Only for trying
@@ -239,11 +240,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let data_dir = data_dir.canonicalize().with_context(|| format!("resolve {}", data_dir.display()))?;
     let addr = |a: Option<SocketAddr>, f: Option<SocketAddr>, default: &str| a.or(f).unwrap_or_else(|| default.parse().expect("address"));
     let fabric_cfg = crate::portal_api::config(&data_dir, &file.fabric, args.fabric, args.region.clone(), args.cluster_name.clone());
+    let s3_domain = args.s3_domain.clone().or(file.listen.s3_domain.clone());
+    if let Some(d) = &s3_domain {
+        aquifer_s3::check_domain(d)?;
+    }
     let listen = Listeners {
         fabric: fabric_cfg,
         rest: addr(args.rest, file.listen.rest, "127.0.0.1:8080"),
         s3: addr(args.s3, file.listen.s3, "127.0.0.1:9000"),
-        s3_domain: args.s3_domain.clone().or(file.listen.s3_domain.clone()),
+        s3_domain,
         s3_lifecycle_day_secs: args.s3_lifecycle_day_secs,
         nfs: addr(args.nfs, file.listen.nfs, "127.0.0.1:2049"),
         sftp: addr(args.sftp, file.listen.sftp, "127.0.0.1:2222"),

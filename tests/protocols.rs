@@ -133,3 +133,43 @@ fn a_file_written_through_any_protocol_reads_back_through_all_others() {
     }
     d.stop();
 }
+
+/// `--s3-domain`: curl (SigV4) writes and reads an object at `bucket.DOMAIN:port` (the name
+/// mapped to the daemon with `--connect-to`, there being no DNS here), and awscli, path style
+/// on the address, reads the same bytes; a domain given with a port stops the daemon at once
+/// with an error that says so.
+#[test]
+fn s3_virtual_host_style_with_the_domain_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&dir.path().join("data"), &["--s3-domain", "s3.aquifer.test"]);
+    aws(&d, &["s3", "mb", "s3://vhost"]);
+    let port = d.s3.rsplit(':').next().unwrap();
+    let user = format!("{S3_ACCESS}:{S3_SECRET}");
+    let connect = format!("vhost.s3.aquifer.test:{port}:127.0.0.1:{port}");
+    let url = format!("http://vhost.s3.aquifer.test:{port}/dir/obj.bin");
+    let curl = |extra: &[&str]| {
+        let mut args = vec!["-sSf", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", &user, "-H", "x-amz-content-sha256:UNSIGNED-PAYLOAD", "--connect-to", &connect];
+        args.extend_from_slice(extra);
+        ok(run("curl", &args, &[], "curl"), "curl")
+    };
+    let data = bytes(77, 2_500_000);
+    let local = work.path().join("obj.bin");
+    std::fs::write(&local, &data).unwrap();
+    curl(&["-T", local.to_str().unwrap(), &url]);
+    assert!(curl(&[&url]) == data, "virtual-host GET");
+    assert!(aws(&d, &["s3", "cp", "s3://vhost/dir/obj.bin", "-"]) == data, "path-style GET of the virtual-host PUT");
+    let list = String::from_utf8(curl(&[&format!("http://vhost.s3.aquifer.test:{port}/?list-type=2")])).unwrap();
+    assert!(list.contains("<Key>dir/obj.bin</Key>"), "{list}");
+    d.stop();
+
+    let out = std::process::Command::new(bin())
+        .args(["serve", "--rest", "127.0.0.1:0", "--s3", "127.0.0.1:0", "--nfs", "127.0.0.1:0", "--sftp", "127.0.0.1:0", "--smb", "127.0.0.1:0", "--fabric", "127.0.0.1:0"])
+        .args(["--s3-domain", "s3.aquifer.test:9000", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env("AQUIFER_ADMIN_PASSWORD", ADMIN_PASSWORD)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("without a port"), "{}: {err}", out.status);
+}

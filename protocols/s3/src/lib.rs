@@ -38,6 +38,7 @@ mod policy;
 mod post;
 mod server;
 mod service;
+mod vhost;
 
 pub use acl::ACL_GRANTS_MAX;
 pub use keys::KEY_BYTES_MAX;
@@ -47,6 +48,12 @@ pub use policy::POLICY_BYTES_MAX;
 pub use post::{FORM_FIELDS_BYTES_MAX, POST_OBJECT_BYTES_MAX};
 pub use server::{CONNECTIONS_MAX, SHUTDOWN_GRACE_MS, serve};
 pub use service::{LIST_KEYS_DEFAULT, PART_BYTES_MIN, PUT_CHUNK_BYTES, READ_PIECE_BYTES_MAX, SMALL_PUT_BYTES};
+
+/// Checks a virtual-host domain (`S3Options::domain`) as the listener will when it starts: a
+/// DNS name without a port.
+pub fn check_domain(domain: &str) -> anyhow::Result<()> {
+    vhost::Domain::new(domain).map(|_| ())
+}
 
 /// How the S3 listener behaves.
 #[derive(Debug, Clone, Default)]

@@ -94,7 +94,7 @@ pub(crate) fn error_parts(code: &S3ErrorCode, msg: &str) -> (http::StatusCode, h
 
 /// The bucket of a POST to a bucket with a `multipart/form-data` body (a browser upload),
 /// path style or, with `domain`, virtual-host style.
-pub(crate) fn form_upload_bucket<B>(req: &http::Request<B>, domain: Option<&str>) -> Option<String> {
+pub(crate) fn form_upload_bucket<B>(req: &http::Request<B>, domain: Option<&crate::vhost::Domain>) -> Option<String> {
     if req.method() != http::Method::POST {
         return None;
     }
@@ -105,11 +105,8 @@ pub(crate) fn form_upload_bucket<B>(req: &http::Request<B>, domain: Option<&str>
     let path = req.uri().path();
     if let Some(domain) = domain {
         let host = req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).or(req.uri().host())?;
-        let host = host.split(':').next().unwrap_or(host);
-        if let Some(bucket) = host.strip_suffix(domain).and_then(|b| b.strip_suffix('.'))
-            && !bucket.is_empty()
-        {
-            return (path == "/" || path.is_empty()).then(|| bucket.to_string());
+        if let Some(bucket) = domain.bucket_of(host) {
+            return (path == "/" || path.is_empty()).then_some(bucket);
         }
     }
     let rest = path.strip_prefix('/')?;

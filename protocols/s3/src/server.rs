@@ -7,7 +7,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -29,7 +28,7 @@ struct RequestIds {
     inner: s3s::service::S3Service,
     peer: Option<std::net::IpAddr>,
     /// The virtual-host domain, to tell which POSTs address a bucket (browser uploads).
-    domain: Option<Arc<str>>,
+    domain: Option<Arc<crate::vhost::Domain>>,
     /// How long a request body may go without a byte ([`IdleLimited`]).
     body_idle: Duration,
 }
@@ -281,14 +280,14 @@ pub async fn serve(
         let mut config = s3s::config::S3Config::default();
         config.post_object_max_file_size = crate::post::POST_OBJECT_BYTES_MAX;
         b.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(config))));
-        if let Some(domain) = &opts.domain {
-            let host = s3s::host::SingleDomain::new(domain).with_context(|| format!("use S3 domain {domain}"))?;
-            b.set_host(host);
+        let domain = opts.domain.as_deref().map(crate::vhost::Domain::new).transpose()?;
+        if let Some(d) = &domain {
+            b.set_host(d.clone());
         }
         RequestIds {
             inner: b.build(),
             peer: None,
-            domain: opts.domain.as_deref().map(Arc::from),
+            domain: domain.map(Arc::new),
             body_idle: Duration::from_millis(opts.body_idle_timeout_ms.unwrap_or(BODY_IDLE_TIMEOUT_MS)),
         }
     };

@@ -72,32 +72,12 @@ impl Server {
     }
 
     pub fn signed_with(&self, method: &str, path: &str, query: &[(&str, &str)], body: Vec<u8>, access: &str, secret: &str) -> reqwest::RequestBuilder {
-        let host = self.addr.to_string();
-        let (amz_date, day) = amz_now();
-        let payload = hex::encode(Sha256::digest(&body));
-        let mut q: Vec<(String, String)> = query.iter().map(|(k, v)| (uri_encode(k, true), uri_encode(v, true))).collect();
-        q.sort();
-        let canonical_query = q.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&");
-        let canonical_path = uri_encode(path, false);
-        let canonical = format!(
-            "{method}\n{canonical_path}\n{canonical_query}\nhost:{host}\nx-amz-content-sha256:{payload}\nx-amz-date:{amz_date}\n\nhost;x-amz-content-sha256;x-amz-date\n{payload}"
-        );
-        let scope = format!("{day}/{REGION}/s3/aws4_request");
-        let to_sign = format!("AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}", hex::encode(Sha256::digest(canonical.as_bytes())));
-        let sig = hex::encode(hmac(&signing_key(secret, &day), to_sign.as_bytes()));
-        let auth = format!("AWS4-HMAC-SHA256 Credential={access}/{scope}, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={sig}");
-        let url = if canonical_query.is_empty() {
-            format!("http://{host}{canonical_path}")
-        } else {
-            format!("http://{host}{canonical_path}?{canonical_query}")
-        };
-        let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        self.http
-            .request(m, url)
-            .header("x-amz-date", amz_date)
-            .header("x-amz-content-sha256", payload)
-            .header("authorization", auth)
-            .body(body)
+        sign(&self.http, &self.addr.to_string(), method, path, query, body, access, secret)
+    }
+
+    /// A signed request to `host` (`name:port`), sent with `client` (which resolves the name).
+    pub fn signed_at(&self, client: &reqwest::Client, host: &str, method: &str, path: &str, query: &[(&str, &str)], body: Vec<u8>) -> reqwest::RequestBuilder {
+        sign(client, host, method, path, query, body, &self.access, &self.secret)
     }
 
     /// Sends a signed request; returns (status, body text).
@@ -235,4 +215,34 @@ pub fn base64(data: &[u8]) -> String {
         }
     }
     out
+}
+
+/// Signs a request (SigV4, header form, payload hash included) for `host` (`name:port`).
+#[allow(clippy::too_many_arguments)]
+fn sign(client: &reqwest::Client, host: &str, method: &str, path: &str, query: &[(&str, &str)], body: Vec<u8>, access: &str, secret: &str) -> reqwest::RequestBuilder {
+    let (amz_date, day) = amz_now();
+    let payload = hex::encode(Sha256::digest(&body));
+    let mut q: Vec<(String, String)> = query.iter().map(|(k, v)| (uri_encode(k, true), uri_encode(v, true))).collect();
+    q.sort();
+    let canonical_query = q.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&");
+    let canonical_path = uri_encode(path, false);
+    let canonical = format!(
+        "{method}\n{canonical_path}\n{canonical_query}\nhost:{host}\nx-amz-content-sha256:{payload}\nx-amz-date:{amz_date}\n\nhost;x-amz-content-sha256;x-amz-date\n{payload}"
+    );
+    let scope = format!("{day}/{REGION}/s3/aws4_request");
+    let to_sign = format!("AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}", hex::encode(Sha256::digest(canonical.as_bytes())));
+    let sig = hex::encode(hmac(&signing_key(secret, &day), to_sign.as_bytes()));
+    let auth = format!("AWS4-HMAC-SHA256 Credential={access}/{scope}, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={sig}");
+    let url = if canonical_query.is_empty() {
+        format!("http://{host}{canonical_path}")
+    } else {
+        format!("http://{host}{canonical_path}?{canonical_query}")
+    };
+    let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    client
+        .request(m, url)
+        .header("x-amz-date", amz_date)
+        .header("x-amz-content-sha256", payload)
+        .header("authorization", auth)
+        .body(body)
 }
