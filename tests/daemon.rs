@@ -18,6 +18,8 @@ fn first_start_generates_a_private_admin_password_and_restarts_cleanly() {
         .args(["serve", "--rest", "127.0.0.1:0", "--s3", "127.0.0.1:0", "--nfs", "127.0.0.1:0", "--sftp", "127.0.0.1:0", "--drive-size", "64MiB", "--data-dir"])
         .arg(&data)
         .env_remove("AQUIFER_ADMIN_PASSWORD")
+        .env_remove("AQUIFER_S3_ACCESS_KEY")
+        .env_remove("AQUIFER_S3_SECRET_KEY")
         .env("AQUIFER_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -32,11 +34,28 @@ fn first_start_generates_a_private_admin_password_and_restarts_cleanly() {
     assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
     assert_eq!(std::fs::read_dir(data.join("drives")).unwrap().count(), 6);
     // Signal only once it serves (before that, SIGTERM simply ends the process).
-    let mut line = String::new();
+    let (mut line, mut said) = (String::new(), String::new());
     while !line.starts_with("Aquifer is serving") {
         line.clear();
         assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0, "daemon exited early");
+        said.push_str(&line);
     }
+    // With no key in the environment, admin's S3 key pair is made and kept in a private file
+    // in the form awscli and `aquifer bench train --s3-credentials` read; it works.
+    let creds_file = data.join("admin-s3-credentials");
+    assert!(said.contains("Created S3 access key ") && said.contains(&creds_file.display().to_string()), "{said}");
+    assert_eq!(std::fs::metadata(&creds_file).unwrap().permissions().mode() & 0o777, 0o600);
+    let creds = std::fs::read_to_string(&creds_file).unwrap();
+    let field = |name: &str| creds.lines().find_map(|l| l.strip_prefix(name)).unwrap_or_else(|| panic!("{name} in {creds}")).to_string();
+    let (access, secret) = (field("AWS_ACCESS_KEY_ID="), field("AWS_SECRET_ACCESS_KEY="));
+    assert!(said.contains(&format!("Created S3 access key {access} ")), "{said}");
+    let s3: String = said.split("s3://").nth(1).expect("S3 address").chars().take_while(|c| *c != ',' && *c != ' ').collect();
+    let list = std::process::Command::new("curl")
+        .args(["-sSf", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", &format!("{access}:{secret}"), "-H", "x-amz-content-sha256:UNSIGNED-PAYLOAD"])
+        .arg(format!("http://{s3}/"))
+        .output()
+        .expect("run curl");
+    assert!(list.status.success() && String::from_utf8_lossy(&list.stdout).contains("ListAllMyBucketsResult"), "{list:?}");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(wait_timeout(&mut child, Duration::from_secs(60)).unwrap().success());
@@ -55,6 +74,7 @@ fn first_start_generates_a_private_admin_password_and_restarts_cleanly() {
         line.clear();
         assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0, "daemon exited early");
         assert!(!line.starts_with("Created user"), "second start must not create admin again: {line}");
+        assert!(!line.starts_with("Created S3"), "second start must not make another S3 key: {line}");
     }
     let addr: String = line[line.find("http://").unwrap() + 7..].chars().take_while(|c| *c != '/').collect();
     let r = reqwest::blocking::Client::new()
@@ -63,6 +83,7 @@ fn first_start_generates_a_private_admin_password_and_restarts_cleanly() {
         .send()
         .unwrap();
     assert_eq!(r.status(), 200);
+    assert_eq!(std::fs::read_to_string(&creds_file).unwrap(), creds, "the S3 key file is kept as it was");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(wait_timeout(&mut child, Duration::from_secs(60)).unwrap().success());

@@ -134,10 +134,10 @@ fn a_file_written_through_any_protocol_reads_back_through_all_others() {
     d.stop();
 }
 
-/// `--s3-domain`: curl (SigV4) writes and reads an object at `bucket.DOMAIN:port` (the name
-/// mapped to the daemon with `--connect-to`, there being no DNS here), and awscli, path style
-/// on the address, reads the same bytes; a domain given with a port stops the daemon at once
-/// with an error that says so.
+/// `--s3-domain`: curl (SigV4, the name mapped to the daemon with `--connect-to`) and awscli
+/// in virtual-host mode write, read and list objects at `bucket.DOMAIN:port`, and awscli, path
+/// style on the address, reads the same bytes; a domain given with a port stops the daemon at
+/// once with an error that says so.
 #[test]
 fn s3_virtual_host_style_with_the_domain_flag() {
     let dir = tempfile::tempdir().unwrap();
@@ -161,6 +161,25 @@ fn s3_virtual_host_style_with_the_domain_flag() {
     assert!(aws(&d, &["s3", "cp", "s3://vhost/dir/obj.bin", "-"]) == data, "path-style GET of the virtual-host PUT");
     let list = String::from_utf8(curl(&[&format!("http://vhost.s3.aquifer.test:{port}/?list-type=2")])).unwrap();
     assert!(list.contains("<Key>dir/obj.bin</Key>"), "{list}");
+    // awscli in virtual-host mode, with a hosts file of its own (bound over /etc/hosts in a
+    // private mount namespace; there is no DNS here). The domain itself points at an address
+    // the daemon does not listen on, so only virtual-host requests can succeed.
+    let hosts = work.path().join("hosts");
+    std::fs::write(&hosts, "127.0.0.1 localhost vhost.s3.aquifer.test\n127.0.0.2 s3.aquifer.test\n").unwrap();
+    let cfg = work.path().join("aws-config");
+    std::fs::write(&cfg, "[default]\ns3 =\n    addressing_style = virtual\n").unwrap();
+    let copy = work.path().join("copy.bin");
+    let aws_vhost = |args: &str| {
+        let script = format!("mount --bind {} /etc/hosts && exec aws --endpoint-url http://s3.aquifer.test:{port} --region us-east-1 {args}", hosts.display());
+        let env = [("AWS_CONFIG_FILE", cfg.to_str().unwrap()), ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null"), ("AWS_EC2_METADATA_DISABLED", "true"), ("AWS_ACCESS_KEY_ID", S3_ACCESS), ("AWS_SECRET_ACCESS_KEY", S3_SECRET)];
+        ok(run("unshare", &["--mount", "--propagation", "private", "sh", "-c", &script], &env, "util-linux"), &format!("aws {args} (virtual-host style)"))
+    };
+    aws_vhost(&format!("s3 cp {} s3://vhost/from-awscli.bin", local.display()));
+    aws_vhost(&format!("s3 cp s3://vhost/dir/obj.bin {}", copy.display()));
+    assert!(std::fs::read(&copy).unwrap() == data, "awscli virtual-host GET");
+    let listing = String::from_utf8(aws_vhost("s3 ls s3://vhost/")).unwrap();
+    assert!(listing.contains("from-awscli.bin") && listing.contains("dir/"), "{listing}");
+    assert!(aws(&d, &["s3", "cp", "s3://vhost/from-awscli.bin", "-"]) == data, "path-style GET of awscli's virtual-host PUT");
     d.stop();
 
     let out = std::process::Command::new(bin())
