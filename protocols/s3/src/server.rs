@@ -75,6 +75,7 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for RequestId
                     resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
                 }
             }
+            unquote_etag(&mut resp);
             tag_response(&mut resp, &id);
             Ok(resp)
         })
@@ -99,6 +100,34 @@ fn http1_with_body<B>(req: &http::Request<B>) -> bool {
     let h = req.headers();
     h.contains_key(http::header::TRANSFER_ENCODING)
         || h.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()).is_some_and(|n| n > 0)
+}
+
+/// Set by GetObjectAttributes, whose answer carries the ETag unquoted, as S3's does, where s3s
+/// writes every ETag quoted; [`unquote_etag`] takes the quotes off and the header away.
+pub(crate) const UNQUOTED_ETAG_HEADER: &str = "x-aquifer-unquoted-etag";
+
+fn unquote_etag(resp: &mut s3s::HttpResponse) {
+    if resp.headers_mut().remove(UNQUOTED_ETAG_HEADER).is_none() {
+        return;
+    }
+    let Some(body) = resp.body().bytes() else { return };
+    let Some(out) = unquoted_etag_body(&body) else { return };
+    resp.headers_mut().insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(out.len()));
+    *resp.body_mut() = s3s::Body::from(bytes::Bytes::from(out));
+}
+
+/// `body` with the quotes of its first `<ETag>"…"</ETag>` taken off; `None` without one.
+fn unquoted_etag_body(body: &[u8]) -> Option<Vec<u8>> {
+    const OPEN: &[u8] = b"<ETag>\"";
+    const CLOSE: &[u8] = b"\"</ETag>";
+    let at = body.windows(OPEN.len()).position(|w| w == OPEN)?;
+    let start = at + OPEN.len();
+    let len = body[start..].windows(CLOSE.len()).position(|w| w == CLOSE)?;
+    let mut out = Vec::with_capacity(body.len());
+    out.extend_from_slice(&body[..start - 1]);
+    out.extend_from_slice(&body[start..start + len]);
+    out.extend_from_slice(&body[start + len + 1..]);
+    Some(out)
 }
 
 /// Sixteen upper-case hex digits, as S3's own request ids.
@@ -351,6 +380,15 @@ mod tests {
     use hyper::body::{Body, Frame};
 
     use super::*;
+
+    #[test]
+    fn the_first_etag_loses_its_quotes_and_nothing_else_changes() {
+        let body = b"<GetObjectAttributesResponse><ETag>\"0123abcd-4\"</ETag><ObjectSize>4</ObjectSize></GetObjectAttributesResponse>";
+        let out = unquoted_etag_body(body).unwrap();
+        assert_eq!(out, b"<GetObjectAttributesResponse><ETag>0123abcd-4</ETag><ObjectSize>4</ObjectSize></GetObjectAttributesResponse>");
+        assert_eq!(unquoted_etag_body(b"<X><ObjectSize>4</ObjectSize></X>"), None);
+        assert_eq!(unquoted_etag_body(b"<ETag>\"cut short"), None);
+    }
 
     /// A body whose frames the test hands in.
     struct Chan(tokio::sync::mpsc::Receiver<Bytes>);

@@ -2761,12 +2761,21 @@ impl S3 for AquiferS3 {
         let caller = self.caller(&req)?;
         let input = req.input;
         let vid = check_version_id(input.version_id.as_deref())?;
-        let want = |name: &str| input.object_attributes.iter().any(|a| a.as_str() == name);
+        // SDKs send the names comma-separated in one header, which s3s leaves as one value.
+        let names: Vec<&str> = input.object_attributes.iter().flat_map(|a| a.as_str().split(',')).map(str::trim).filter(|n| !n.is_empty()).collect();
+        const KNOWN: [&str; 5] = [ObjectAttributes::ETAG, ObjectAttributes::CHECKSUM, ObjectAttributes::OBJECT_PARTS, ObjectAttributes::STORAGE_CLASS, ObjectAttributes::OBJECT_SIZE];
+        if let Some(bad) = names.iter().find(|n| !KNOWN.contains(n)) {
+            return Err(err(S3ErrorCode::InvalidArgument, format!("invalid attribute name {bad:?} in x-amz-object-attributes")));
+        }
+        if names.is_empty() {
+            return Err(err(S3ErrorCode::InvalidArgument, "x-amz-object-attributes names no attribute"));
+        }
+        let want = |name: &str| names.contains(&name);
         let (w_etag, w_size, w_class, w_parts) =
             (want(ObjectAttributes::ETAG), want(ObjectAttributes::OBJECT_SIZE), want(ObjectAttributes::STORAGE_CLASS), want(ObjectAttributes::OBJECT_PARTS));
         let (bucket, key) = (input.bucket, input.key);
         let view = view_object_blocking(&engine, &caller, &bucket, &key, vid).await?;
-        Ok(S3Response::new(GetObjectAttributesOutput {
+        let mut resp = S3Response::new(GetObjectAttributesOutput {
             version_id: view.version_id,
             e_tag: w_etag.then(|| quoted(&view.etag)),
             object_size: w_size.then_some(view.attr.size as i64),
@@ -2778,7 +2787,12 @@ impl S3 for AquiferS3 {
             },
             last_modified: Some(timestamp(view.attr.mtime_ns)),
             ..Default::default()
-        }))
+        });
+        if w_etag {
+            // S3 sends this ETag unquoted, unlike those in headers and listings.
+            resp.headers.insert(crate::server::UNQUOTED_ETAG_HEADER, http::HeaderValue::from_static("1"));
+        }
+        Ok(resp)
     }
 
     // -------------------------------------------------------------- multipart

@@ -1,4 +1,4 @@
-"""Aquifer's S3 adapter driven by boto3: ranged GET, multipart with 4 parts, copy across
+"""Aquifer's S3 adapter driven by boto3: ranged GET, multipart with 4 parts, GetObjectAttributes, copy across
 buckets, delete-many, presigned GET/PUT, conditional requests, tagging, listing pages.
 Exits non-zero on the first failed check."""
 import hashlib
@@ -98,9 +98,19 @@ try:
 except ClientError as e:
     assert e.response["Error"]["Code"] == "InvalidPartNumber" and e.response["ResponseMetadata"]["HTTPStatusCode"] == 416, e.response
 assert code(lambda: s3.get_object(Bucket="alpha", Key="big/blob", PartNumber=1, Range="bytes=0-1")) == "InvalidRequest"
+# GetObjectAttributes: the ETag unquoted (as S3 sends it there), size, class, part count.
+attrs = ["ETag", "ObjectSize", "StorageClass", "ObjectParts"]
+a = s3.get_object_attributes(Bucket="alpha", Key="big/blob", ObjectAttributes=attrs)
+assert (a["ETag"], a["ObjectSize"], a["StorageClass"], a["ObjectParts"]["TotalPartsCount"]) == (want, len(whole), "STANDARD", 4), a
 # An object put whole is one part.
-s3.put_object(Bucket="alpha", Key="small", Body=b"tiny")
+put = s3.put_object(Bucket="alpha", Key="small", Body=b"tiny")
 assert s3.get_object(Bucket="alpha", Key="small", PartNumber=1)["Body"].read() == b"tiny"
+a = s3.get_object_attributes(Bucket="alpha", Key="small", ObjectAttributes=attrs)
+assert (a["ETag"], a["ObjectSize"], a["StorageClass"]) == (put["ETag"].strip('"'), 4, "STANDARD") and "ObjectParts" not in a, a
+a = s3.get_object_attributes(Bucket="alpha", Key="small", ObjectAttributes=["ObjectSize"])
+assert a["ObjectSize"] == 4 and "ETag" not in a and "StorageClass" not in a, a
+assert code(lambda: s3.get_object_attributes(Bucket="alpha", Key="no-such", ObjectAttributes=attrs)) == "NoSuchKey"
+assert code(lambda: s3.get_object_attributes(Bucket="alpha", Key="small", ObjectAttributes=["ETag", "Colour"])) == "InvalidArgument"
 assert code(lambda: s3.get_object(Bucket="alpha", Key="small", PartNumber=2)) == "InvalidPartNumber"
 s3.delete_object(Bucket="alpha", Key="small")
 
