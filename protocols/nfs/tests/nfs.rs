@@ -772,6 +772,44 @@ async fn bad_names_and_sizes_past_the_largest_file_change_nothing() {
     server.stop().await;
 }
 
+/// An EXCLUSIVE create is idempotent for its verifier, as RFC 1813 asks: a retransmission
+/// with the same verifier gets the same file, another verifier or a GUARDED create gets
+/// NFS3ERR_EXIST; once the client has set the file's real times (what Linux's client does next),
+/// the verifier no longer matches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exclusive_create_is_idempotent_for_its_verifier() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let server = Server::start(engine.clone(), vec![export("/")]).await;
+    let root = mount_root(server.addr, "/").await;
+    let mut nfs = client(server.addr).await;
+    let at = |name: &[u8]| diropargs3 { dir: root.clone(), name: filename3(Opaque::owned(name.to_vec())) };
+    let v1 = createverf3([1, 2, 3, 4, 5, 6, 7, 8]);
+    let v2 = createverf3([8, 7, 6, 5, 4, 3, 2, 1]);
+    let first = nfs.create(&CREATE3args { where_: at(b"x"), how: createhow3::EXCLUSIVE(v1) }).await.unwrap().unwrap();
+    let Nfs3Option::Some(fh) = first.obj else { panic!("create returned no handle") };
+    let again = nfs.create(&CREATE3args { where_: at(b"x"), how: createhow3::EXCLUSIVE(v1) }).await.unwrap().unwrap();
+    assert_eq!(again.obj, Nfs3Option::Some(fh.clone()), "a retransmitted EXCLUSIVE create gets the same file");
+    for how in [createhow3::EXCLUSIVE(v2), createhow3::GUARDED(sattr3::default())] {
+        let r = nfs.create(&CREATE3args { where_: at(b"x"), how }).await.unwrap();
+        assert!(matches!(r, Nfs3Result::Err((nfsstat3::NFS3ERR_EXIST, _))), "{r:?}");
+    }
+    let t = nfstime3 { seconds: 1_700_000_000, nseconds: 5 };
+    nfs.setattr(&SETATTR3args {
+        object: fh.clone(),
+        new_attributes: sattr3 { atime: set_atime::SET_TO_CLIENT_TIME(t), mtime: set_mtime::SET_TO_CLIENT_TIME(t), ..Default::default() },
+        guard: Nfs3Option::None,
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let r = nfs.create(&CREATE3args { where_: at(b"x"), how: createhow3::EXCLUSIVE(v1) }).await.unwrap();
+    assert!(matches!(r, Nfs3Result::Err((nfsstat3::NFS3ERR_EXIST, _))), "after the times were set: {r:?}");
+    let a = nfs.getattr(&GETATTR3args { object: fh }).await.unwrap().unwrap().obj_attributes;
+    assert_eq!((a.mtime.seconds, a.mtime.nseconds, a.size), (1_700_000_000, 5, 0));
+    server.stop().await;
+}
+
 /// The root handle with its generation replaced (or the inode replaced when `generation` is 0).
 fn forge(root: &nfs_fh3, generation: u64) -> Vec<u8> {
     let mut v = root.data.to_vec();
