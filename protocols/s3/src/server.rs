@@ -102,6 +102,15 @@ fn http1_with_body<B>(req: &http::Request<B>) -> bool {
         || h.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()).is_some_and(|n| n > 0)
 }
 
+impl s3s::host::S3Host for crate::vhost::Domain {
+    fn parse_host_header<'a>(&'a self, host: &'a str) -> s3s::S3Result<s3s::host::VirtualHost<'a>> {
+        Ok(match self.bucket_of(host) {
+            Some(bucket) => s3s::host::VirtualHost::new(self.name()).with_bucket(bucket),
+            None => s3s::host::VirtualHost::new(host),
+        })
+    }
+}
+
 /// Set by GetObjectAttributes, whose answer carries the ETag unquoted, as S3's does, where s3s
 /// writes every ETag quoted; [`unquote_etag`] takes the quotes off and the header away.
 pub(crate) const UNQUOTED_ETAG_HEADER: &str = "x-aquifer-unquoted-etag";

@@ -5,10 +5,8 @@
 //!
 //! s3s's own `SingleDomain` compares the Host header with its port (a client on port 9000
 //! sends `bucket.DOMAIN:9000`, which it does not match) and takes any other host name for a
-//! bucket (`localhost:9000` would be one), so Aquifer matches hosts itself.
-
-use s3s::S3Result;
-use s3s::host::{S3Host, VirtualHost};
+//! bucket (`localhost:9000` would be one), so Aquifer matches hosts itself (the listener's
+//! `S3Host` is in server.rs; this file has no s3s types, so the fuzz target compiles it alone).
 
 /// The base domain, lower case, checked when the listener starts.
 #[derive(Debug, Clone)]
@@ -30,6 +28,11 @@ impl Domain {
         Ok(Domain(d))
     }
 
+    /// The domain, lower case.
+    pub(crate) fn name(&self) -> &str {
+        &self.0
+    }
+
     /// The bucket `host` (a Host header: a name, maybe with a port) names, lower case; `None`
     /// for a path-style request.
     pub(crate) fn bucket_of(&self, host: &str) -> Option<String> {
@@ -42,15 +45,6 @@ impl Domain {
         let (bucket, rest) = (name.get(..cut)?, name.get(cut..)?);
         let rest = rest.strip_prefix('.')?;
         (!bucket.is_empty() && rest.eq_ignore_ascii_case(&self.0)).then(|| bucket.to_ascii_lowercase())
-    }
-}
-
-impl S3Host for Domain {
-    fn parse_host_header<'a>(&'a self, host: &'a str) -> S3Result<VirtualHost<'a>> {
-        Ok(match self.bucket_of(host) {
-            Some(bucket) => VirtualHost::new(self.0.as_str()).with_bucket(bucket),
-            None => VirtualHost::new(host),
-        })
     }
 }
 
