@@ -50,12 +50,8 @@ fn first_start_generates_a_private_admin_password_and_restarts_cleanly() {
     let (access, secret) = (field("AWS_ACCESS_KEY_ID="), field("AWS_SECRET_ACCESS_KEY="));
     assert!(said.contains(&format!("Created S3 access key {access} ")), "{said}");
     let s3: String = said.split("s3://").nth(1).expect("S3 address").chars().take_while(|c| *c != ',' && *c != ' ').collect();
-    let list = std::process::Command::new("curl")
-        .args(["-sSf", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", &format!("{access}:{secret}"), "-H", "x-amz-content-sha256:UNSIGNED-PAYLOAD"])
-        .arg(format!("http://{s3}/"))
-        .output()
-        .expect("run curl");
-    assert!(list.status.success() && String::from_utf8_lossy(&list.stdout).contains("ListAllMyBucketsResult"), "{list:?}");
+    let list = String::from_utf8(curl_s3(&format!("{access}:{secret}"), &[&format!("http://{s3}/")])).unwrap();
+    assert!(list.contains("ListAllMyBucketsResult"), "{list}");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(wait_timeout(&mut child, Duration::from_secs(60)).unwrap().success());

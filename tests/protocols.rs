@@ -145,14 +145,10 @@ fn s3_virtual_host_style_with_the_domain_flag() {
     let d = Daemon::start(&dir.path().join("data"), &["--s3-domain", "s3.aquifer.test"]);
     aws(&d, &["s3", "mb", "s3://vhost"]);
     let port = d.s3.rsplit(':').next().unwrap();
-    let user = format!("{S3_ACCESS}:{S3_SECRET}");
+    let key = format!("{S3_ACCESS}:{S3_SECRET}");
     let connect = format!("vhost.s3.aquifer.test:{port}:127.0.0.1:{port}");
     let url = format!("http://vhost.s3.aquifer.test:{port}/dir/obj.bin");
-    let curl = |extra: &[&str]| {
-        let mut args = vec!["-sSf", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", &user, "-H", "x-amz-content-sha256:UNSIGNED-PAYLOAD", "--connect-to", &connect];
-        args.extend_from_slice(extra);
-        ok(run("curl", &args, &[], "curl"), "curl")
-    };
+    let curl = |extra: &[&str]| curl_s3(&key, &[&["--connect-to", connect.as_str()], extra].concat());
     let data = bytes(77, 2_500_000);
     let local = work.path().join("obj.bin");
     std::fs::write(&local, &data).unwrap();

@@ -41,15 +41,6 @@ fn status_kib(pid: u32, field: &str) -> u64 {
     line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("a number of kB")
 }
 
-fn curl(d: &Daemon, args: &[&str]) -> Vec<u8> {
-    let user = format!("{S3_ACCESS}:{S3_SECRET}");
-    let mut all = vec!["-sSf", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", &user, "-H", "x-amz-content-sha256:UNSIGNED-PAYLOAD"];
-    all.extend_from_slice(args);
-    let o = Command::new("curl").args(&all).output().expect("run curl (Debian package curl)");
-    assert!(o.status.success(), "curl {args:?} against {}: {}\n{}", d.s3, o.status, String::from_utf8_lossy(&o.stderr));
-    o.stdout
-}
-
 #[test]
 fn a_5_gib_put_streams_into_the_engine_with_bounded_memory() {
     let dir = tempfile::tempdir().unwrap();
@@ -57,7 +48,8 @@ fn a_5_gib_put_streams_into_the_engine_with_bounded_memory() {
     let d = Daemon::start(&dir.path().join("data"), &["--drive-size", "2GiB"]);
     let pid = d.child.id();
     let base = format!("http://{}", d.s3);
-    curl(&d, &["-X", "PUT", &format!("{base}/big")]);
+    let key = format!("{S3_ACCESS}:{S3_SECRET}");
+    curl_s3(&key, &["-X", "PUT", &format!("{base}/big")]);
     let presign = Command::new("python3")
         .args([
             "-c",
@@ -108,10 +100,10 @@ print(s.generate_presigned_url('put_object', Params={'Bucket': 'big', 'Key': 'fi
     );
 
     // The object is whole: its size, and its bytes at the start, across the middle and at the end.
-    let head = String::from_utf8(curl(&d, &["-I", &format!("{base}/big/five.bin")])).unwrap().to_ascii_lowercase();
+    let head = String::from_utf8(curl_s3(&key, &["-I", &format!("{base}/big/five.bin")])).unwrap().to_ascii_lowercase();
     assert!(head.contains(&format!("content-length: {SIZE}")), "{head}");
     for (offset, len) in [(0u64, 1 << 20), (SIZE / 2 - 333_333, 777_777), (SIZE - (3 << 20) - 5, (3 << 20) + 5)] {
-        let got = curl(&d, &["-r", &format!("{offset}-{}", offset + len as u64 - 1), &format!("{base}/big/five.bin")]);
+        let got = curl_s3(&key, &["-r", &format!("{offset}-{}", offset + len as u64 - 1), &format!("{base}/big/five.bin")]);
         assert!(got == object_bytes(offset, len), "bytes {offset}..+{len}");
     }
     d.stop();

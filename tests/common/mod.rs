@@ -131,6 +131,18 @@ impl Drop for Daemon {
     }
 }
 
+/// curl signing S3 requests (SigV4, unsigned payload) as `key` (`ACCESS:SECRET`), with `args`;
+/// returns its output, failing the test when curl fails.
+pub fn curl_s3(key: &str, args: &[&str]) -> Vec<u8> {
+    let o = Command::new("curl")
+        .args(["-sSf", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", key, "-H", "x-amz-content-sha256:UNSIGNED-PAYLOAD"])
+        .args(args)
+        .output()
+        .expect("run curl (Debian package curl; scripts/deps.sh installs it)");
+    assert!(o.status.success(), "curl {args:?}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    o.stdout
+}
+
 pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {

@@ -221,15 +221,7 @@ async fn dropped_put_leaves_nothing_visible_and_no_space_used() {
     // Let the server write what it got into the engine before the hang-up.
     tokio::time::sleep(Duration::from_millis(500)).await;
     drop(tcp);
-    let mut settled = false;
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if s.used_bytes().await == before {
-            settled = true;
-            break;
-        }
-    }
-    assert!(settled, "space used before {before}, after {}", s.used_bytes().await);
+    s.assert_space_returns_to(before).await;
     let (st, body) = s.call("HEAD", "/bkt/dropped", &[], vec![]).await;
     assert_eq!(st, 404, "{body}");
     let (_, body) = s.call("GET", "/bkt", &[("list-type", "2")], vec![]).await;
@@ -453,15 +445,7 @@ async fn a_put_whose_body_stalls_times_out_and_leaves_nothing() {
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("<Code>RequestTimeout</Code>"), "{answer}");
     assert!(started.elapsed() >= Duration::from_millis(900), "answered after {:?}, before the body was idle for a second", started.elapsed());
-    let mut settled = false;
-    for _ in 0..100 {
-        if s.used_bytes().await == before {
-            settled = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(settled, "space used before {before}, after {}", s.used_bytes().await);
+    s.assert_space_returns_to(before).await;
     assert_eq!(s.call("HEAD", "/bkt/stalled", &[], vec![]).await.0, 404);
 
     // Ten bytes, one every 400 ms: slower than the limit in all, never idle for it.
@@ -611,15 +595,7 @@ async fn a_streaming_upload_with_a_bad_chunk_signature_changes_nothing() {
         assert_eq!(s.call("GET", "/bkt/obj", &[], vec![]).await, (200, "kept".to_string()), "chunk {tamper} spoiled, {path}");
         assert_eq!(s.call("HEAD", "/bkt/new", &[], vec![]).await.0, 404, "chunk {tamper} spoiled, {path}");
     }
-    let mut settled = false;
-    for _ in 0..100 {
-        if s.used_bytes().await == before {
-            settled = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(settled, "space used before {before}, after {}", s.used_bytes().await);
+    s.assert_space_returns_to(before).await;
     let (st, body) = chunked_put(&s, "/bkt/obj", &chunks, None).await;
     assert_eq!(st, 200, "{body}");
     let r = s.signed("GET", "/bkt/obj", &[], vec![]).send().await.unwrap();

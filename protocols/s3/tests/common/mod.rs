@@ -93,6 +93,18 @@ impl Server {
         tokio::task::spawn_blocking(move || f(&e)).await.expect("join")
     }
 
+    /// Waits up to 10 s for the drives' used space to come back to `before` (a refused or
+    /// dropped upload's space is freed as its staged file is dropped), failing otherwise.
+    pub async fn assert_space_returns_to(&self, before: u64) {
+        for _ in 0..100 {
+            if self.used_bytes().await == before {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("space used before {before}, after {}", self.used_bytes().await);
+    }
+
     pub async fn used_bytes(&self) -> u64 {
         self.with_engine(|e| {
             e.sync_metadata().expect("sync metadata");
