@@ -30,6 +30,7 @@
 mod acl;
 mod auth;
 mod error;
+mod form;
 mod keys;
 mod lifecycle;
 mod md5;
@@ -45,6 +46,7 @@ pub use keys::KEY_BYTES_MAX;
 pub use meta::{TAG_KEY_BYTES_MAX, TAG_VALUE_BYTES_MAX, TAGS_MAX};
 pub use lifecycle::{LIFECYCLE_RULES_MAX, lifecycle_pass, lifecycle_pass_with_day};
 pub use policy::POLICY_BYTES_MAX;
+pub use form::FORM_PARTS_MAX;
 pub use post::{FORM_FIELDS_BYTES_MAX, POST_OBJECT_BYTES_MAX};
 pub use server::{CONNECTIONS_MAX, SHUTDOWN_GRACE_MS, serve};
 pub use service::{LIST_KEYS_DEFAULT, PART_BYTES_MIN, PUT_CHUNK_BYTES, READ_PIECE_BYTES_MAX, SMALL_PUT_BYTES};

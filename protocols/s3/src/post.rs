@@ -17,6 +17,7 @@
 //! [`POST_OBJECT_BYTES_MAX`] (the service's `post_object_max_file_size`) before PutObject's
 //! path stores it.
 
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -25,9 +26,9 @@ use hyper::body::Frame;
 use s3s::post_policy::{PostPolicy, PostPolicyCondition};
 use s3s::{S3Error, S3ErrorCode};
 
-/// The form fields before the file part (all of them, with their part headers) may take at
-/// most this many bytes; more is `400 MaxPostPreDataLengthExceededError`, as in S3.
-pub const FORM_FIELDS_BYTES_MAX: usize = 1 << 20;
+use crate::form::{Form, FormError, Looks, boundary_of, parse_form};
+
+pub use crate::form::FORM_FIELDS_BYTES_MAX;
 /// The largest file a POST upload may carry (s3s holds it in memory before it is stored);
 /// larger uploads use PUT or multipart uploads.
 pub const POST_OBJECT_BYTES_MAX: u64 = 64 << 20;
@@ -121,6 +122,14 @@ fn refuse(code: S3ErrorCode, msg: impl Into<String>) -> S3Error {
     S3Error::with_message(code, msg.into())
 }
 
+fn form_error(e: FormError) -> S3Error {
+    let code = match e {
+        FormError::Malformed(_) | FormError::TooManyParts => S3ErrorCode::MalformedPOSTRequest,
+        FormError::NoFile | FormError::BoundaryInValue(_) => S3ErrorCode::InvalidArgument,
+    };
+    refuse(code, e.to_string())
+}
+
 /// Reads and checks the form's fields; answers the request to hand s3s (the same form, with
 /// `${filename}` replaced in `key`, a [`PostForm`] extension and, for a form S3 refuses, a
 /// [`PostRefusal`]) or the S3 error to answer for a form that cannot be read.
@@ -128,7 +137,8 @@ pub(crate) async fn prepare<B>(req: http::Request<B>, bucket: &str) -> Result<ht
 where
     B: hyper::body::Body<Data = Bytes, Error = s3s::StdError> + Send + Sync + Unpin + 'static,
 {
-    let boundary = boundary_of(req.headers())?;
+    let content_type = req.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let boundary = boundary_of(content_type).ok_or_else(|| refuse(S3ErrorCode::MalformedPOSTRequest, "a multipart/form-data body needs a boundary"))?;
     let (mut parts, mut body) = req.into_parts();
     let mut buf: Vec<u8> = Vec::new();
     let too_large = || {
@@ -141,7 +151,7 @@ where
     let mut ended = false;
     let form = loop {
         if looks.due(buf.len(), ended) {
-            if let Some(form) = parse_form(&buf, &boundary)? {
+            if let Some(form) = parse_form(&buf, &boundary).map_err(form_error)? {
                 if form.data_start > FORM_FIELDS_BYTES_MAX {
                     return Err(too_large());
                 }
@@ -172,15 +182,8 @@ where
     };
 
     // The same form, fields first (`key` as checked), then the file part as sent.
-    let mut prefix = Vec::with_capacity(form.data_start + 256);
-    for (i, (name, _)) in form.fields.iter().enumerate() {
-        let value = &fields.fields[i].1;
-        prefix.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n").as_bytes());
-        prefix.extend_from_slice(value.as_bytes());
-        prefix.extend_from_slice(b"\r\n");
-    }
-    prefix.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
-    prefix.extend_from_slice(&buf[form.file_headers.clone()]);
+    let names = form.fields.iter().map(|(name, _)| name.as_str());
+    let mut prefix = crate::form::rebuild(&boundary, names.zip(fields.fields.iter().map(|(_, v)| v.as_str())), &buf[form.file_headers.clone()]).map_err(form_error)?;
     let new_prefix_len = prefix.len();
     prefix.extend_from_slice(&buf[form.data_start..]);
     if let Some(len) = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()) {
@@ -193,149 +196,6 @@ where
     }
     let replay = Replay { first: Some(Bytes::from(prefix)), rest: body };
     Ok(http::Request::from_parts(parts, s3s::Body::http_body(replay)))
-}
-
-/// When [`prepare`] reads the form from the start again, looking for the file part: once
-/// the bytes read have doubled since its last look, when the body has ended, and when more
-/// than [`FORM_FIELDS_BYTES_MAX`] have been read. Looking at every frame instead made the work
-/// quadratic in the form's size: a client that splits its body into 1-byte chunks had the
-/// listener scan the whole buffer a million times for one request (about half an hour of a
-/// core for a 1 MiB form, before anyone is authenticated). With doubling, all looks together
-/// read at most twice the bytes of the last one.
-#[derive(Default)]
-struct Looks {
-    /// Bytes read at the last look.
-    at: usize,
-}
-
-impl Looks {
-    fn due(&mut self, read: usize, ended: bool) -> bool {
-        let due = ended || read > FORM_FIELDS_BYTES_MAX || (read > self.at && read >= 2 * self.at);
-        if due {
-            self.at = read;
-        }
-        due
-    }
-}
-
-fn boundary_of(headers: &http::HeaderMap) -> Result<String, S3Error> {
-    let ct = headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    for param in ct.split(';').skip(1) {
-        if let Some((k, v)) = param.split_once('=')
-            && k.trim().eq_ignore_ascii_case("boundary")
-        {
-            let v = v.trim().trim_matches('"');
-            if !v.is_empty() && v.len() <= 70 && !v.contains(['\r', '\n']) {
-                return Ok(v.to_string());
-            }
-        }
-    }
-    Err(refuse(S3ErrorCode::MalformedPOSTRequest, "a multipart/form-data body needs a boundary"))
-}
-
-/// A form read up to its file part.
-struct Form {
-    /// Names as sent, values.
-    fields: Vec<(String, String)>,
-    file_name: Option<String>,
-    /// The file part's header lines, blank line included.
-    file_headers: std::ops::Range<usize>,
-    /// Where the file's content starts in the buffer.
-    data_start: usize,
-}
-
-fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    if from > hay.len() {
-        return None;
-    }
-    hay[from..].windows(needle.len()).position(|w| w == needle).map(|i| i + from)
-}
-
-fn malformed(msg: &str) -> S3Error {
-    refuse(S3ErrorCode::MalformedPOSTRequest, format!("the body of the POST request is not well-formed multipart/form-data: {msg}"))
-}
-
-/// `Ok(None)` while the buffer ends before the file part's headers do.
-fn parse_form(buf: &[u8], boundary: &str) -> Result<Option<Form>, S3Error> {
-    let delim = format!("--{boundary}");
-    let delim = delim.as_bytes();
-    // A preamble before the first boundary is allowed and ignored.
-    let Some(first) = find(buf, delim, 0) else { return Ok(None) };
-    if first > 0 && !buf[..first].ends_with(b"\r\n") {
-        return Err(malformed("text before the first boundary"));
-    }
-    let mut pos = first + delim.len();
-    let mut fields = Vec::new();
-    loop {
-        match buf.get(pos..pos + 2) {
-            None => return Ok(None),
-            Some(b"\r\n") => pos += 2,
-            Some(b"--") => return Err(refuse(S3ErrorCode::InvalidArgument, "POST requires exactly one file upload per request")),
-            Some(_) => return Err(malformed("a boundary line with more after it")),
-        }
-        let Some(headers_end) = find(buf, b"\r\n\r\n", pos) else { return Ok(None) };
-        let (name, file_name) = disposition(&buf[pos..headers_end + 2])?;
-        let data_start = headers_end + 4;
-        if name.eq_ignore_ascii_case("file") {
-            return Ok(Some(Form { fields, file_name, file_headers: pos..data_start, data_start }));
-        }
-        let mut end_pat = b"\r\n".to_vec();
-        end_pat.extend_from_slice(delim);
-        let Some(end) = find(buf, &end_pat, data_start) else { return Ok(None) };
-        let value = std::str::from_utf8(&buf[data_start..end]).map_err(|_| malformed("a field value that is not UTF-8"))?;
-        fields.push((name, value.to_string()));
-        pos = end + end_pat.len();
-    }
-}
-
-/// The `name` and `filename` of a part's `Content-Disposition: form-data` header.
-fn disposition(headers: &[u8]) -> Result<(String, Option<String>), S3Error> {
-    let text = std::str::from_utf8(headers).map_err(|_| malformed("part headers that are not UTF-8"))?;
-    for line in text.split("\r\n") {
-        let Some((h, v)) = line.split_once(':') else { continue };
-        if !h.trim().eq_ignore_ascii_case("content-disposition") {
-            continue;
-        }
-        let (mut name, mut file_name) = (None, None);
-        let mut params = split_params(v);
-        if !params.next().is_some_and(|p| p.trim().eq_ignore_ascii_case("form-data")) {
-            return Err(malformed("a part that is not form-data"));
-        }
-        for p in params {
-            let Some((k, val)) = p.split_once('=') else { continue };
-            let val = val.trim();
-            let val = val.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or(val).to_string();
-            match k.trim().to_ascii_lowercase().as_str() {
-                "name" => name = Some(val),
-                "filename" => file_name = Some(val),
-                _ => {}
-            }
-        }
-        let name = name.ok_or_else(|| malformed("a part without a name"))?;
-        if name.is_empty() || name.contains(['"', '\r', '\n']) {
-            return Err(malformed("a part name that is empty or holds a quote"));
-        }
-        return Ok((name, file_name));
-    }
-    Err(malformed("a part without Content-Disposition"))
-}
-
-/// Splits header parameters at `;` outside quoted strings.
-fn split_params(v: &str) -> impl Iterator<Item = &str> {
-    let mut out = Vec::new();
-    let (mut start, mut quoted) = (0, false);
-    for (i, c) in v.char_indices() {
-        match c {
-            '"' => quoted = !quoted,
-            ';' if !quoted => {
-                out.push(&v[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&v[start..]);
-    out.into_iter()
 }
 
 /// Fields exempt from "every field must appear in the policy" (S3's list; s3s adds `submit`
@@ -351,14 +211,7 @@ fn exempt_from_policy(name: &str) -> bool {
 /// Answers the fields with lower-case names and `${filename}` replaced in `key`, and with
 /// them the refusal where there is one.
 fn check_form(form: &Form, bucket: &str, now: time::OffsetDateTime) -> Result<PostForm, (PostForm, S3Error)> {
-    let mut fields: Vec<(String, String)> = form.fields.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.clone())).collect();
-    // The browser's name of the file, where the key asks for it.
-    if let Some(key) = fields.iter_mut().find(|(n, _)| n == "key")
-        && key.1.contains("${filename}")
-    {
-        key.1 = key.1.replace("${filename}", form.file_name.as_deref().unwrap_or(""));
-    }
-    let form = PostForm { fields };
+    let form = PostForm { fields: crate::form::checked_fields(form) };
     match check_fields(&form, bucket, now) {
         Ok(()) => Ok(form),
         Err(e) => Err((form, e)),
@@ -366,8 +219,11 @@ fn check_form(form: &Form, bucket: &str, now: time::OffsetDateTime) -> Result<Po
 }
 
 fn check_fields(form: &PostForm, bucket: &str, now: time::OffsetDateTime) -> Result<(), S3Error> {
-    for (i, (n, _)) in form.fields.iter().enumerate() {
-        if form.fields[..i].iter().any(|(m, _)| m == n) {
+    // Looked up by name, so that the checks take time linear in the form (they run before
+    // the signature is checked; a policy of 1 MiB holds some 20,000 conditions).
+    let mut by_name: HashMap<&str, &str> = HashMap::with_capacity(form.fields.len());
+    for (n, v) in &form.fields {
+        if by_name.insert(n, v).is_some() {
             return Err(refuse(S3ErrorCode::InvalidArgument, format!("the POST form gives field '{n}' more than once")));
         }
     }
@@ -397,10 +253,10 @@ fn check_fields(form: &PostForm, bucket: &str, now: time::OffsetDateTime) -> Res
     for c in &policy.conditions {
         let (ok, text) = match c {
             PostPolicyCondition::Eq { field, value } => {
-                (value_of(form, field, bucket) == value.as_str(), format!("[\"eq\", \"${field}\", \"{value}\"]"))
+                (value_of(&by_name, field, bucket) == value.as_str(), format!("[\"eq\", \"${field}\", \"{value}\"]"))
             }
             PostPolicyCondition::StartsWith { field, prefix } => (
-                value_of(form, field, bucket).starts_with(prefix.as_str()),
+                value_of(&by_name, field, bucket).starts_with(prefix.as_str()),
                 format!("[\"starts-with\", \"${field}\", \"{prefix}\"]"),
             ),
             // Checked against the file once it has arrived (s3s: EntityTooSmall/-Large).
@@ -410,12 +266,16 @@ fn check_fields(form: &PostForm, bucket: &str, now: time::OffsetDateTime) -> Res
             return Err(refuse(S3ErrorCode::AccessDenied, format!("Invalid according to Policy: Policy Condition failed: {text}")));
         }
     }
+    let covered: HashSet<&str> = policy
+        .conditions
+        .iter()
+        .filter_map(|c| match c {
+            PostPolicyCondition::Eq { field, .. } | PostPolicyCondition::StartsWith { field, .. } => Some(field.as_str()),
+            PostPolicyCondition::ContentLengthRange { .. } => None,
+        })
+        .collect();
     for (name, _) in &form.fields {
-        let covered = policy.conditions.iter().any(|c| match c {
-            PostPolicyCondition::Eq { field, .. } | PostPolicyCondition::StartsWith { field, .. } => field == name,
-            PostPolicyCondition::ContentLengthRange { .. } => false,
-        });
-        if !covered && !exempt_from_policy(name) {
+        if !covered.contains(name.as_str()) && !exempt_from_policy(name) {
             return Err(refuse(S3ErrorCode::AccessDenied, format!("Invalid according to Policy: Extra input fields: {name}")));
         }
     }
@@ -424,11 +284,11 @@ fn check_fields(form: &PostForm, bucket: &str, now: time::OffsetDateTime) -> Res
 
 /// A condition's field as the form gives it; the bucket is the one addressed. A field the
 /// form lacks is empty (as s3s, which checks the conditions again).
-fn value_of<'a>(form: &'a PostForm, field: &str, bucket: &'a str) -> &'a str {
+fn value_of<'a>(fields: &HashMap<&str, &'a str>, field: &str, bucket: &'a str) -> &'a str {
     if field == "bucket" {
         return bucket;
     }
-    form.get(field).unwrap_or("")
+    fields.get(field).copied().unwrap_or("")
 }
 
 /// `YYYY-MM-DDThh:mm:ss[.fraction]Z`, the only expiration S3 takes.
@@ -511,39 +371,10 @@ mod tests {
         assert!(!iso8601_utc("2030-01-01T00:00:00.Z"));
     }
 
-    /// However finely the form arrives, the looks at it read a linear number of bytes in
-    /// all, the last look sees every byte, and the end of the body is always looked at.
     #[test]
-    fn the_form_is_looked_at_a_logarithmic_number_of_times() {
-        let mut looks = Looks::default();
-        let (mut count, mut scanned, mut last) = (0usize, 0usize, 0usize);
-        for read in 0..=FORM_FIELDS_BYTES_MAX + 1 {
-            if looks.due(read, false) {
-                count += 1;
-                scanned += read;
-                last = read;
-            }
-        }
-        assert_eq!(last, FORM_FIELDS_BYTES_MAX + 1, "a form past the limit is looked at, so it is refused");
-        assert!(count <= 22, "{count} looks for 1 MiB read a byte at a time");
-        assert!(scanned <= 2 * (FORM_FIELDS_BYTES_MAX + 1) + FORM_FIELDS_BYTES_MAX, "{scanned} bytes scanned");
-        let mut looks = Looks::default();
-        assert!(looks.due(1000, false));
-        assert!(!looks.due(1500, false));
-        assert!(looks.due(1500, true), "the end of the body is looked at");
-        assert!(!Looks::default().due(0, false), "nothing read: nothing to look at");
-    }
-
-    #[test]
-    fn form_is_read_up_to_the_file() {
+    fn the_file_name_goes_into_the_key() {
         let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\na/${filename}\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f; x.txt\"\r\nContent-Type: text/plain\r\n\r\nhello";
-        for cut in 0..body.len() - 5 {
-            assert!(parse_form(&body[..cut], "XyZ").unwrap().is_none(), "cut at {cut}");
-        }
         let f = parse_form(body, "XyZ").unwrap().unwrap();
-        assert_eq!(f.fields, vec![("key".to_string(), "a/${filename}".to_string())]);
-        assert_eq!(f.file_name.as_deref(), Some("f; x.txt"));
-        assert_eq!(&body[f.data_start..], b"hello");
         let checked = check_form(&f, "b", time::OffsetDateTime::now_utc()).map_err(|(_, e)| e).unwrap();
         assert_eq!(checked.get("key"), Some("a/f; x.txt"));
     }

@@ -317,6 +317,7 @@ pub async fn serve(
         // s3s holds a POST upload's file in memory before the upload is stored.
         let mut config = s3s::config::S3Config::default();
         config.post_object_max_file_size = crate::post::POST_OBJECT_BYTES_MAX;
+        config.form_max_parts = crate::form::FORM_PARTS_MAX;
         b.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(config))));
         let domain = opts.domain.as_deref().map(crate::vhost::Domain::new).transpose()?;
         if let Some(d) = &domain {

@@ -210,3 +210,105 @@ async fn a_form_sent_a_byte_at_a_time_is_read_in_linear_time() {
     let (st, got) = s.call("GET", "/forms/trickled.txt", &[], vec![]).await;
     assert_eq!((st, got.as_str()), (200, "arrived a byte at a time"));
 }
+
+/// The listener checks a form's fields, then hands s3s the form written again, and s3s reads
+/// it once more: a form that can be read two ways would have s3s act on fields nobody
+/// checked. Each of these was read two ways: s3s ends header lines at a bare LF (it stored
+/// the form, the file starting with what the listener read as headers), takes the last of
+/// two Content-Disposition headers (it refused that form itself), reads a blank line right
+/// after a boundary as a part without headers (stored), and ends a value at a boundary line
+/// that starts it or that the file's name made in `key` (it stored the object under a second
+/// `key`). Each is refused now and stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forms_that_read_two_ways_are_refused() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/forms", &[], vec![]).await.0, 200);
+    let before = s.used_bytes().await;
+    let boundary = "----aquifer-post-test-7d1e";
+    let policy = || signed(&s, FUTURE, vec![json!({"bucket": "forms"}), json!(["starts-with", "$key", "up/"]), json!(["starts-with", "$x-amz-meta-note", ""])]);
+    let send = |ct: String, body: Vec<u8>| {
+        let url = format!("{}/forms", s.endpoint());
+        async move {
+            let res = reqwest::Client::new().post(url).header("content-type", ct).body(body).send().await.expect("send");
+            let status = res.status().as_u16();
+            (status, res.text().await.expect("body"))
+        }
+    };
+    let file_line = "name=\"file\"; filename=\"a.txt\"\r\n";
+    let mut f = fields(&[("key", "up/a.txt")]);
+    f.extend(policy());
+    let (ct, plain) = form(&f, "a.txt", b"content");
+    let text = String::from_utf8(plain.clone()).unwrap();
+    assert!(text.contains(file_line));
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("a bare LF in the file part's headers", text.replace(file_line, "name=\"file\"\n\r\nX-Note: 1\r\n"), 400, "MalformedPOSTRequest"),
+        (
+            "two Content-Disposition headers in the file part",
+            text.replace(file_line, &format!("{file_line}Content-Disposition: form-data; name=\"x-amz-meta-note\"\r\n")),
+            400,
+            "MalformedPOSTRequest",
+        ),
+        (
+            "a part without headers before the file",
+            text.replacen(&format!("--{boundary}\r\n"), &format!("--{boundary}\r\n\r\nup/b.txt\r\n--{boundary}\r\n"), 1),
+            400,
+            "MalformedPOSTRequest",
+        ),
+    ];
+    for (what, body, status, code) in cases {
+        let (st, body) = send(ct.clone(), body.into_bytes()).await;
+        assert_eq!((st, error_code(&body)), (status, code), "{what}: {body}");
+    }
+    // The file's name put into `key` makes a boundary line, then a second `key` part: before,
+    // s3s stored the second key (`up/other.txt`), which the listener never saw as a key.
+    let smuggled = format!("up/a.txt\r\n${{filename}}\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\nup/other.txt");
+    let mut f = fields(&[("key", &smuggled)]);
+    f.extend(policy());
+    let (ct, body) = form(&f, &format!("--{boundary}"), b"content");
+    let (st, body) = send(ct, body).await;
+    assert_eq!((st, error_code(&body)), (400, "InvalidArgument"), "{body}");
+    // And a value that starts with the boundary line.
+    let mut f = fields(&[("key", "up/a.txt"), ("x-amz-meta-note", &format!("--{boundary}\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\nup/other.txt"))]);
+    f.extend(policy());
+    let (ct, body) = form(&f, "a.txt", b"content");
+    let (st, body) = send(ct, body).await;
+    assert_eq!((st, error_code(&body)), (400, "InvalidArgument"), "{body}");
+
+    for key in ["up/a.txt", "up/b.txt", "up/other.txt"] {
+        assert_eq!(s.call("GET", &format!("/forms/{key}"), &[], vec![]).await.0, 404, "{key} was not stored");
+    }
+    assert_eq!(s.used_bytes().await, before, "refused uploads leave no space used");
+    // The plain form is stored.
+    let (st, body) = send(ct_of(boundary), plain).await;
+    assert_eq!(st, 204, "{body}");
+    assert_eq!(s.call("GET", "/forms/up/a.txt", &[], vec![]).await, (200, "content".to_string()));
+    s.stop().await;
+}
+
+fn ct_of(boundary: &str) -> String {
+    format!("multipart/form-data; boundary={boundary}")
+}
+
+/// A form may have `FORM_PARTS_MAX` parts, the file's included, as s3s reads them; one more
+/// is refused when it begins, before the fields are checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_form_of_more_parts_than_the_limit_is_refused() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/forms", &[], vec![]).await.0, 200);
+    let before = s.used_bytes().await;
+    let with_fields = |n: usize, key: &str| {
+        let mut f = fields(&[("key", key)]);
+        f.extend(signed(&s, FUTURE, vec![json!({"bucket": "forms"}), json!(["starts-with", "$key", "many/"])]));
+        let pad = aquifer_s3::FORM_PARTS_MAX - 1 - f.len() + n;
+        f.extend((0..pad).map(|i| (format!("x-ignore-{i}"), String::new())));
+        f
+    };
+    let (st, _, body) = post(&s, "forms", &with_fields(1, "many/over.txt"), "f.txt", b"one part too many").await;
+    assert_eq!((st, error_code(&body)), (400, "MalformedPOSTRequest"), "{body}");
+    assert_eq!(s.call("GET", "/forms/many/over.txt", &[], vec![]).await.0, 404);
+    assert_eq!(s.used_bytes().await, before, "a refused upload leaves no space used");
+    let (st, _, body) = post(&s, "forms", &with_fields(0, "many/at-limit.txt"), "f.txt", b"as many parts as allowed").await;
+    assert_eq!(st, 204, "{body}");
+    assert_eq!(s.call("GET", "/forms/many/at-limit.txt", &[], vec![]).await, (200, "as many parts as allowed".to_string()));
+    s.stop().await;
+}
