@@ -537,15 +537,49 @@ async fn expired_presigned_urls_are_refused() {
 /// request's own signature; `tamper` names a chunk whose signature is spoiled (the last,
 /// empty chunk is number `chunks.len()`). Returns (status, body).
 async fn chunked_put(s: &common::Server, path: &str, chunks: &[Vec<u8>], tamper: Option<usize>) -> (u16, String) {
+    streaming_put(s, path, chunks, Streaming { signed: true, tamper, trailer: None, sdk_algorithm: None }).await
+}
+
+/// How a streaming upload is sent.
+struct Streaming<'a> {
+    /// Chunks signed in the chain (`STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER]`), or sent
+    /// bare (`STREAMING-UNSIGNED-PAYLOAD-TRAILER`).
+    signed: bool,
+    /// A chunk whose signature is spoiled.
+    tamper: Option<usize>,
+    /// A trailing header (`x-amz-checksum-…`, value), announced in `x-amz-trailer` and, when
+    /// signed, followed by its `x-amz-trailer-signature`.
+    trailer: Option<(&'a str, String)>,
+    /// `x-amz-sdk-checksum-algorithm`, which SDKs send beside the trailer.
+    sdk_algorithm: Option<&'a str>,
+}
+
+async fn streaming_put(s: &common::Server, path: &str, chunks: &[Vec<u8>], how: Streaming<'_>) -> (u16, String) {
     let (amz_date, day) = amz_ago(0);
     let scope = format!("{day}/{REGION}/s3/aws4_request");
     let key = signing_key(&s.secret, &day);
     let decoded: usize = chunks.iter().map(Vec::len).sum();
-    let signed_headers = "content-encoding;host;x-amz-content-sha256;x-amz-date;x-amz-decoded-content-length";
-    let canonical = format!(
-        "PUT\n{path}\n\ncontent-encoding:aws-chunked\nhost:{}\nx-amz-content-sha256:STREAMING-AWS4-HMAC-SHA256-PAYLOAD\nx-amz-date:{amz_date}\nx-amz-decoded-content-length:{decoded}\n\n{signed_headers}\nSTREAMING-AWS4-HMAC-SHA256-PAYLOAD",
-        s.addr
-    );
+    let payload = match (how.signed, how.trailer.is_some()) {
+        (true, false) => "STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
+        (true, true) => "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER",
+        (false, _) => "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
+    };
+    let mut headers = vec![
+        ("content-encoding", "aws-chunked".to_string()),
+        ("host", s.addr.to_string()),
+        ("x-amz-content-sha256", payload.to_string()),
+        ("x-amz-date", amz_date.clone()),
+        ("x-amz-decoded-content-length", decoded.to_string()),
+    ];
+    if let Some(alg) = how.sdk_algorithm {
+        headers.push(("x-amz-sdk-checksum-algorithm", alg.to_string()));
+    }
+    if let Some((name, _)) = &how.trailer {
+        headers.push(("x-amz-trailer", name.to_string()));
+    }
+    let signed_headers = headers.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(";");
+    let canonical_headers: String = headers.iter().map(|(n, v)| format!("{n}:{v}\n")).collect();
+    let canonical = format!("PUT\n{path}\n\n{canonical_headers}\n{signed_headers}\n{payload}");
     let to_sign = format!("AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}", hex::encode(Sha256::digest(canonical.as_bytes())));
     let mut prev = hex::encode(hmac(&key, to_sign.as_bytes()));
     let auth = format!("AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed_headers}, Signature={prev}", s.access);
@@ -553,29 +587,99 @@ async fn chunked_put(s: &common::Server, path: &str, chunks: &[Vec<u8>], tamper:
     let mut body = Vec::new();
     let last = Vec::new();
     for (i, c) in chunks.iter().chain(std::iter::once(&last)).enumerate() {
-        let to_sign = format!("AWS4-HMAC-SHA256-PAYLOAD\n{amz_date}\n{scope}\n{prev}\n{empty}\n{}", hex::encode(Sha256::digest(c)));
-        let mut sig = hex::encode(hmac(&key, to_sign.as_bytes()));
-        prev = sig.clone();
-        if tamper == Some(i) {
-            sig.replace_range(0..1, if sig.starts_with('0') { "1" } else { "0" });
+        if how.signed {
+            let to_sign = format!("AWS4-HMAC-SHA256-PAYLOAD\n{amz_date}\n{scope}\n{prev}\n{empty}\n{}", hex::encode(Sha256::digest(c)));
+            let mut sig = hex::encode(hmac(&key, to_sign.as_bytes()));
+            prev = sig.clone();
+            if how.tamper == Some(i) {
+                sig.replace_range(0..1, if sig.starts_with('0') { "1" } else { "0" });
+            }
+            body.extend_from_slice(format!("{:x};chunk-signature={sig}\r\n", c.len()).as_bytes());
+        } else {
+            body.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
         }
-        body.extend_from_slice(format!("{:x};chunk-signature={sig}\r\n", c.len()).as_bytes());
         body.extend_from_slice(c);
+        if !c.is_empty() || how.trailer.is_none() {
+            body.extend_from_slice(b"\r\n");
+        }
+    }
+    if let Some((name, value)) = &how.trailer {
+        body.extend_from_slice(format!("{name}:{value}\r\n").as_bytes());
+        if how.signed {
+            let to_sign = format!("AWS4-HMAC-SHA256-TRAILER\n{amz_date}\n{scope}\n{prev}\n{}", hex::encode(Sha256::digest(format!("{name}:{value}\n"))));
+            body.extend_from_slice(format!("x-amz-trailer-signature:{}\r\n", hex::encode(hmac(&key, to_sign.as_bytes()))).as_bytes());
+        }
         body.extend_from_slice(b"\r\n");
     }
-    let r = s
-        .http
-        .put(format!("http://{}{path}", s.addr))
-        .header("content-encoding", "aws-chunked")
-        .header("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD")
-        .header("x-amz-date", amz_date)
-        .header("x-amz-decoded-content-length", decoded.to_string())
-        .header("authorization", auth)
-        .body(body)
-        .send()
-        .await;
-    let r = r.expect("the answer to a streaming upload");
+    let mut req = s.http.put(format!("http://{}{path}", s.addr)).header("authorization", auth).body(body);
+    for (n, v) in headers.into_iter().filter(|(n, _)| *n != "host") {
+        req = req.header(n, v);
+    }
+    let r = req.send().await.expect("the answer to a streaming upload");
     (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
+/// CRC-32 (`poly` 0xEDB88320) or CRC-32C (0x82F63B78), reflected, as S3's checksums.
+fn crc(poly: u32, data: &[u8]) -> u32 {
+    let table: Vec<u32> = (0..256u32).map(|mut c| {
+        for _ in 0..8 {
+            c = if c & 1 == 1 { poly ^ (c >> 1) } else { c >> 1 };
+        }
+        c
+    }).collect();
+    !data.iter().fold(!0u32, |c, &b| table[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8))
+}
+
+/// Streaming uploads with a checksum in the trailer, as SDKs send them over TLS (unsigned
+/// chunks) or sign them (chunks and trailer signed): stored when the checksum matches, with
+/// or without `x-amz-sdk-checksum-algorithm` beside it; a wrong checksum or trailer signature
+/// is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_uploads_with_a_trailing_checksum() {
+    let s = start().await;
+    assert_eq!(s.call("PUT", "/bkt", &[], vec![]).await.0, 200);
+    assert_eq!(s.call("PUT", "/bkt/obj", &[], b"kept".to_vec()).await.0, 200);
+    let chunks: Vec<Vec<u8>> = (0..3u32).map(|i| (0..600 * 1024 + i).map(|j| (j * 7 + i) as u8).collect()).collect();
+    let whole: Vec<u8> = chunks.concat();
+    let crc32 = base64(&crc(0xEDB8_8320, &whole).to_be_bytes());
+    let crc32c = base64(&crc(0x82F6_3B78, &whole).to_be_bytes());
+    assert_eq!(crc(0x82F6_3B78, b"123456789"), 0xE306_9283, "the CRC-32C check value");
+    let wrong = base64(&(crc(0xEDB8_8320, &whole) ^ 1).to_be_bytes());
+    let before = s.used_bytes().await;
+
+    let refused: Vec<(&str, Streaming, u16, &str)> = vec![
+        ("unsigned, a wrong CRC-32", Streaming { signed: false, tamper: None, trailer: Some(("x-amz-checksum-crc32", wrong.clone())), sdk_algorithm: Some("CRC32") }, 400, "BadDigest"),
+        ("signed, a wrong CRC-32", Streaming { signed: true, tamper: None, trailer: Some(("x-amz-checksum-crc32", wrong.clone())), sdk_algorithm: Some("CRC32") }, 400, "BadDigest"),
+        ("unsigned, a wrong CRC-32 announced in x-amz-trailer only", Streaming { signed: false, tamper: None, trailer: Some(("x-amz-checksum-crc32", wrong.clone())), sdk_algorithm: None }, 400, "BadDigest"),
+        ("signed, a CRC-32C under the CRC-32's name", Streaming { signed: true, tamper: None, trailer: Some(("x-amz-checksum-crc32", crc32c.clone())), sdk_algorithm: None }, 400, "BadDigest"),
+        ("signed, a spoiled chunk", Streaming { signed: true, tamper: Some(1), trailer: Some(("x-amz-checksum-crc32", crc32.clone())), sdk_algorithm: Some("CRC32") }, 403, "SignatureDoesNotMatch"),
+    ];
+    for (what, how, status, code) in refused {
+        for path in ["/bkt/obj", "/bkt/new"] {
+            let how = Streaming { trailer: how.trailer.clone(), ..how };
+            let (st, body) = streaming_put(&s, path, &chunks, how).await;
+            assert_eq!((st, error_code(&body)), (status, code), "{what}, {path}: {body}");
+            assert_eq!(s.call("GET", "/bkt/obj", &[], vec![]).await, (200, "kept".to_string()), "{what}, {path}");
+            assert_eq!(s.call("HEAD", "/bkt/new", &[], vec![]).await.0, 404, "{what}, {path}");
+        }
+    }
+    s.assert_space_returns_to(before).await;
+
+    let stored: Vec<(&str, Streaming)> = vec![
+        ("unsigned, CRC-32 with the SDK's header", Streaming { signed: false, tamper: None, trailer: Some(("x-amz-checksum-crc32", crc32.clone())), sdk_algorithm: Some("CRC32") }),
+        ("unsigned, CRC-32C announced in x-amz-trailer only", Streaming { signed: false, tamper: None, trailer: Some(("x-amz-checksum-crc32c", crc32c.clone())), sdk_algorithm: None }),
+        ("signed, CRC-32C with the SDK's header", Streaming { signed: true, tamper: None, trailer: Some(("x-amz-checksum-crc32c", crc32c.clone())), sdk_algorithm: Some("CRC32C") }),
+        ("signed, CRC-32 announced in x-amz-trailer only", Streaming { signed: true, tamper: None, trailer: Some(("x-amz-checksum-crc32", crc32.clone())), sdk_algorithm: None }),
+    ];
+    for (i, (what, how)) in stored.into_iter().enumerate() {
+        let path = format!("/bkt/stored-{i}");
+        let (st, body) = streaming_put(&s, &path, &chunks, how).await;
+        assert_eq!(st, 200, "{what}: {body}");
+        let r = s.signed("GET", &path, &[], vec![]).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{what}");
+        assert!(r.bytes().await.unwrap()[..] == whole[..], "{what}: the streamed object's bytes");
+    }
+    s.stop().await;
 }
 
 /// A streaming upload with a chunk whose signature does not follow from the one before is
