@@ -545,7 +545,7 @@ struct Streaming<'a> {
     /// Chunks signed in the chain (`STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER]`), or sent
     /// bare (`STREAMING-UNSIGNED-PAYLOAD-TRAILER`).
     signed: bool,
-    /// A chunk whose signature is spoiled.
+    /// A chunk whose signature is spoiled (the trailer's is number `chunks.len() + 1`).
     tamper: Option<usize>,
     /// A trailing header (`x-amz-checksum-…`, value), announced in `x-amz-trailer` and, when
     /// signed, followed by its `x-amz-trailer-signature`.
@@ -607,7 +607,11 @@ async fn streaming_put(s: &common::Server, path: &str, chunks: &[Vec<u8>], how: 
         body.extend_from_slice(format!("{name}:{value}\r\n").as_bytes());
         if how.signed {
             let to_sign = format!("AWS4-HMAC-SHA256-TRAILER\n{amz_date}\n{scope}\n{prev}\n{}", hex::encode(Sha256::digest(format!("{name}:{value}\n"))));
-            body.extend_from_slice(format!("x-amz-trailer-signature:{}\r\n", hex::encode(hmac(&key, to_sign.as_bytes()))).as_bytes());
+            let mut sig = hex::encode(hmac(&key, to_sign.as_bytes()));
+            if how.tamper == Some(chunks.len() + 1) {
+                sig.replace_range(0..1, if sig.starts_with('0') { "1" } else { "0" });
+            }
+            body.extend_from_slice(format!("x-amz-trailer-signature:{sig}\r\n").as_bytes());
         }
         body.extend_from_slice(b"\r\n");
     }
@@ -653,6 +657,7 @@ async fn streaming_uploads_with_a_trailing_checksum() {
         ("unsigned, a wrong CRC-32 announced in x-amz-trailer only", Streaming { signed: false, tamper: None, trailer: Some(("x-amz-checksum-crc32", wrong.clone())), sdk_algorithm: None }, 400, "BadDigest"),
         ("signed, a CRC-32C under the CRC-32's name", Streaming { signed: true, tamper: None, trailer: Some(("x-amz-checksum-crc32", crc32c.clone())), sdk_algorithm: None }, 400, "BadDigest"),
         ("signed, a spoiled chunk", Streaming { signed: true, tamper: Some(1), trailer: Some(("x-amz-checksum-crc32", crc32.clone())), sdk_algorithm: Some("CRC32") }, 403, "SignatureDoesNotMatch"),
+        ("signed, a spoiled trailer signature", Streaming { signed: true, tamper: Some(chunks.len() + 1), trailer: Some(("x-amz-checksum-crc32", crc32.clone())), sdk_algorithm: Some("CRC32") }, 403, "SignatureDoesNotMatch"),
     ];
     for (what, how, status, code) in refused {
         for path in ["/bkt/obj", "/bkt/new"] {
