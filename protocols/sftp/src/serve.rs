@@ -26,7 +26,7 @@ use tracing::{debug, info};
 
 use crate::inbound::SftpStream;
 use crate::session::SftpSession;
-use crate::wire::{CLIENT_PACKET_BYTES_MAX, decode, packet_len, write_request};
+use crate::wire::{CLIENT_PACKET_BYTES_MAX, decode, packet_len, request_id, write_request};
 
 /// Serves SFTP on `stream` until the client closes it or breaks the protocol.
 pub(crate) async fn run(mut stream: SftpStream, mut session: SftpSession) {
@@ -42,10 +42,11 @@ pub(crate) async fn run(mut stream: SftpStream, mut session: SftpSession) {
             let data = Bytes::from(buf).slice(data);
             vec![encode(reply(id, session.write_bytes(id, &handle, offset, data).await))]
         } else {
+            let id = request_id(&buf);
             match decode(buf) {
                 Ok(Packet::Read(r)) => session.read_reply(r.id, &r.handle, r.offset, r.len).await,
                 Ok(request) => vec![encode(serve(request, &mut session).await)],
-                Err(code) => vec![encode(Packet::error(0, code))],
+                Err(code) => vec![encode(Packet::error(id, code))],
             }
         };
         if let Err(e) = stream.send(reply).await {
@@ -118,7 +119,7 @@ async fn serve(request: Packet, h: &mut SftpSession) -> Packet {
         Packet::Symlink(p) => reply(id, h.symlink(p.id, p.linkpath, p.targetpath).await),
         Packet::Extended(p) => reply(id, h.extended(p.id, p.request, p.data).await),
         // Replies sent by a client, and READ (served by the loop).
-        _ => Packet::error(0, StatusCode::BadMessage),
+        _ => Packet::error(id, StatusCode::BadMessage),
     }
 }
 

@@ -201,8 +201,19 @@ impl russh::server::Handler for SshSession {
 }
 
 enum Open {
-    File { ino: Ino, append: bool },
+    /// An open file: what it was opened for, and the mode to give it at CLOSE when the
+    /// handle created it with more owner permissions than asked for.
+    File { ino: Ino, append: bool, read: bool, write: bool, mode_at_close: Option<u32> },
     Dir { ino: Ino, cursor: Option<Vec<u8>>, done: bool },
+}
+
+/// What a request does through a file handle.
+#[derive(Clone, Copy)]
+enum Use {
+    Read,
+    Write,
+    /// FSTAT, FSETSTAT, fsync: allowed whatever the handle was opened for.
+    Any,
 }
 
 pub(crate) struct SftpSession {
@@ -303,6 +314,11 @@ fn longname(name: &str, a: &Attr) -> String {
     format!("{t}{perms} {:>3} {:>8} {:>8} {:>12} {name}", a.nlink, a.uid, a.gid, a.size)
 }
 
+/// The owner's permission bits a handle opened for `read` and `write` needs.
+fn owner_bits(read: bool, write: bool) -> u32 {
+    (if read { 0o400 } else { 0 }) | (if write { 0o200 } else { 0 })
+}
+
 fn setattr_of(a: &FileAttributes) -> SetAttr {
     SetAttr {
         mode: a.permissions.map(|p| p & 0o7777),
@@ -391,7 +407,7 @@ impl SftpSession {
     }
 
     async fn read_packet(&mut self, id: u32, handle: &str, offset: u64, len: u32) -> Result<Vec<Bytes>, StatusCode> {
-        let (ino, _) = self.file_ino(handle)?;
+        let (ino, _) = self.file_for(handle, Use::Read)?;
         let len = len.min(READ_BYTES_MAX) as usize;
         let (packet, n) = match self.read_ahead(id, handle, ino, offset, len).await {
             Some(p) => (p, len),
@@ -472,7 +488,7 @@ impl SftpSession {
     /// WRITE: `data` is a view of the request packet's buffer (`serve::run` reads WRITEs in
     /// place), or the data russh-sftp decoded.
     pub(crate) async fn write_bytes(&mut self, id: u32, handle: &str, offset: u64, data: Bytes) -> Result<Status, StatusCode> {
-        let (ino, append) = self.file_ino(handle)?;
+        let (ino, append) = self.file_for(handle, Use::Write)?;
         self.ahead.clear();
         // Most writes only add to the file's write buffer: done here, without a trip to a
         // blocking thread per request (that trip cost more than the write).
@@ -488,9 +504,31 @@ impl SftpSession {
     }
 
     fn file_ino(&self, handle: &str) -> Result<(Ino, bool), StatusCode> {
+        self.file_for(handle, Use::Any)
+    }
+
+    /// The open file behind `handle`, if it was opened for `u` (a READ through a handle
+    /// opened only to write, or a WRITE through one opened to read, is refused as OpenSSH's
+    /// server refuses them: its descriptor was opened that way).
+    fn file_for(&self, handle: &str, u: Use) -> Result<(Ino, bool), StatusCode> {
         match self.handles.get(handle) {
-            Some(Open::File { ino, append }) => Ok((*ino, *append)),
+            Some(Open::File { ino, append, read, write, .. }) => match u {
+                Use::Read if !read => Err(StatusCode::PermissionDenied),
+                Use::Write if !write => Err(StatusCode::PermissionDenied),
+                _ => Ok((*ino, *append)),
+            },
             _ => Err(StatusCode::Failure),
+        }
+    }
+
+    /// The mode a client set on `ino` replaces the one its handles would give it at CLOSE.
+    fn forget_mode_at_close(&mut self, ino: Ino) {
+        for open in self.handles.values_mut() {
+            if let Open::File { ino: i, mode_at_close, .. } = open
+                && *i == ino
+            {
+                *mode_at_close = None;
+            }
         }
     }
 }
@@ -527,38 +565,59 @@ impl russh_sftp::server::Handler for SftpSession {
         let exclusive = pflags.contains(OpenFlags::EXCLUDE);
         let truncate = pflags.contains(OpenFlags::TRUNCATE);
         let append = pflags.contains(OpenFlags::APPEND);
-        let ino = self
+        // As OpenSSH's server opens: WRITE alone to write, READ alone (or neither) to read.
+        let write = pflags.contains(OpenFlags::WRITE);
+        let read = pflags.contains(OpenFlags::READ) || !write;
+        // A file this OPEN creates is written (and read) through its handle whatever mode
+        // was asked for, as open(2) allows the creator: OpenSSH's `put` of a 0444 file sends
+        // 0444. It is made with the owner's permissions the handle needs, and given the mode
+        // asked for at CLOSE.
+        let own = owner_bits(read, write);
+        let (ino, created) = self
             .run(move |e, c, root| {
-                let attr = if create {
+                let (attr, created) = if create {
                     let (parent, name) = parent_and_name(e, c, root, &filename)?;
                     match e.lookup(c, parent.ino, name.as_bytes()) {
-                        Ok(a) if a.kind == FileKind::Symlink && !exclusive => walk(e, c, root, &filename, true)?,
+                        Ok(a) if a.kind == FileKind::Symlink && !exclusive => (walk(e, c, root, &filename, true)?, false),
                         Ok(_) if exclusive => return Err(Error::Exists),
-                        Ok(a) => a,
-                        Err(Error::NotFound) => e.create(c, parent.ino, name.as_bytes(), mode, exclusive)?,
+                        Ok(a) => (a, false),
+                        Err(Error::NotFound) => (e.create(c, parent.ino, name.as_bytes(), mode | own, exclusive)?, true),
                         Err(err) => return Err(err),
                     }
                 } else {
-                    walk(e, c, root, &filename, true)?
+                    (walk(e, c, root, &filename, true)?, false)
                 };
                 if attr.kind == FileKind::Dir {
                     return Err(Error::IsDir);
                 }
+                // An existing file is opened only for what its mode allows the caller.
+                let need = if read { 4 } else { 0 } | if write || truncate { 2 } else { 0 };
+                if !created && e.access(c, attr.ino, need)? != need {
+                    return Err(Error::PermissionDenied);
+                }
                 if truncate && attr.size > 0 {
                     e.setattr(c, attr.ino, SetAttr { size: Some(0), ..Default::default() })?;
                 }
-                Ok(attr.ino)
+                Ok((attr.ino, created))
             })
             .await?;
-        let handle = self.add_handle(Open::File { ino, append })?;
+        let mode_at_close = (created && mode & own != own).then_some(mode);
+        let handle = self.add_handle(Open::File { ino, append, read, write, mode_at_close })?;
         Ok(Handle { id, handle })
     }
 
     async fn close(&mut self, id: u32, handle: String) -> Result<Status, Self::Error> {
         self.ahead.remove(&handle);
         match self.handles.remove(&handle) {
-            Some(Open::File { ino, .. }) => {
-                self.run(move |e, c, _| e.close(c, ino)).await?;
+            Some(Open::File { ino, mode_at_close, .. }) => {
+                self.run(move |e, c, _| {
+                    e.close(c, ino)?;
+                    match mode_at_close {
+                        Some(mode) => e.setattr(c, ino, SetAttr { mode: Some(mode), ..Default::default() }).map(|_| ()),
+                        None => Ok(()),
+                    }
+                })
+                .await?;
                 Ok(ok(id))
             }
             Some(Open::Dir { .. }) => Ok(ok(id)),
@@ -594,18 +653,38 @@ impl russh_sftp::server::Handler for SftpSession {
 
     async fn setstat(&mut self, id: u32, path: String, attrs: FileAttributes) -> Result<Status, Self::Error> {
         let set = setattr_of(&attrs);
-        self.run(move |e, c, root| {
-            let a = walk(e, c, root, &path, true)?;
-            e.setattr(c, a.ino, set).map(|_| ())
-        })
-        .await?;
+        let ino = self
+            .run(move |e, c, root| {
+                let a = walk(e, c, root, &path, true)?;
+                e.setattr(c, a.ino, set).map(|_| a.ino)
+            })
+            .await?;
+        if attrs.permissions.is_some() {
+            self.forget_mode_at_close(ino);
+        }
         Ok(ok(id))
     }
 
     async fn fsetstat(&mut self, id: u32, handle: String, attrs: FileAttributes) -> Result<Status, Self::Error> {
         let (ino, _) = self.file_ino(&handle)?;
-        let set = setattr_of(&attrs);
+        let mut set = setattr_of(&attrs);
+        // A mode that takes away what the handle was opened for applies at CLOSE, as a
+        // descriptor keeps working after fchmod(2); meanwhile the owner keeps those bits.
+        let own = match self.handles.get(&handle) {
+            Some(Open::File { read, write, .. }) => owner_bits(*read, *write),
+            _ => 0,
+        };
+        let deferred = set.mode.filter(|m| m & own != own);
+        if let Some(m) = deferred {
+            set.mode = Some(m | own);
+        }
         self.run(move |e, c, _| e.setattr(c, ino, set).map(|_| ())).await?;
+        if attrs.permissions.is_some() {
+            self.forget_mode_at_close(ino);
+            if let (Some(m), Some(Open::File { mode_at_close, .. })) = (deferred, self.handles.get_mut(&handle)) {
+                *mode_at_close = Some(m);
+            }
+        }
         Ok(ok(id))
     }
 

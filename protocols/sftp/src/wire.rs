@@ -23,6 +23,18 @@ pub(crate) fn decode(packet: Vec<u8>) -> Result<Packet, StatusCode> {
     Packet::try_from(&mut Bytes::from(packet)).map_err(|_| StatusCode::BadMessage)
 }
 
+/// The request id of a packet of a request type (the u32 after its type byte; 0 for other
+/// types and packets too short to have one): a request that does not decode is answered
+/// under its own id, so that the client waiting for that id gets its error rather than
+/// waiting for ever.
+pub(crate) fn request_id(packet: &[u8]) -> u32 {
+    // OPEN (3) to SYMLINK (20), and EXTENDED (200).
+    match packet.first() {
+        Some(3..=20 | 200) => packet.get(1..5).map_or(0, |b| u32::from_be_bytes(b.try_into().expect("four bytes"))),
+        _ => 0,
+    }
+}
+
 /// SSH_FXP_WRITE's packet type.
 const FXP_WRITE: u8 = 6;
 

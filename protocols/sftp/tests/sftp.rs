@@ -705,6 +705,12 @@ t, ch = session()
 send(ch, bytes([250]) + b"junk")  # unknown type
 status(recv(ch), 0, 5)  # BAD_MESSAGE, the session goes on
 send(ch, bytes([5]) + struct.pack(">I", 7) + b"\x00\x00")  # READ cut short
+status(recv(ch), 7, 5)  # answered under its own id, which a client waits for
+send(ch, bytes([5]) + struct.pack(">I", 7))  # READ with nothing after its id
+status(recv(ch), 7, 5)
+send(ch, bytes([200]) + struct.pack(">I", 12) + s(b"posix-rename@openssh.com") + s(b"/a"))  # EXTENDED missing a path
+status(recv(ch), 12, 5)
+send(ch, bytes([5]) + b"\x00\x01")  # too short for an id
 status(recv(ch), 0, 5)
 send(ch, bytes([5]) + struct.pack(">I", 8) + s(b"h999") + struct.pack(">QI", 0, 100))  # handle never opened
 status(recv(ch), 8, 4)  # FAILURE, for request 8
@@ -786,5 +792,80 @@ async fn raw_packets_are_answered_or_end_the_session() {
     assert_eq!(read_all(&e, "/home/r.bin"), data);
     let names: Vec<Vec<u8>> = e.readdir(&sys, home.ino, None, 100).unwrap().entries.into_iter().map(|d| d.name).collect();
     assert_eq!(names, vec![b"r.bin".to_vec()]);
+    server.stop().await;
+}
+
+const HANDLE_MODES_SCRIPT: &str = r#"
+import sys, paramiko
+from paramiko.sftp import CMD_READ, CMD_WRITE, int64
+port, password = int(sys.argv[1]), sys.argv[2]
+t = paramiko.Transport(("127.0.0.1", port))
+t.connect(username="alice", password=password)
+s = paramiko.SFTPClient.from_transport(t)
+
+def refused(what, fn, code):
+    try:
+        fn()
+    except IOError as e:
+        assert e.errno == code, (what, e)
+        return
+    raise AssertionError(what + " was allowed")
+
+# A file alice cannot write (0444) or read (0200) cannot be opened for it.
+refused("open 0444 for writing", lambda: s.open("/home/ro", "r+b"), 13)
+refused("open 0444 to append", lambda: s.open("/home/ro", "ab"), 13)
+refused("open 0444 to truncate", lambda: s.open("/home/ro", "wb"), 13)
+refused("open 0200 for reading", lambda: s.open("/home/wo", "rb"), 13)
+# A handle opened to read is not written through, one opened to write is not read through.
+with s.open("/home/rw", "rb") as f:
+    refused("WRITE on a read handle", lambda: s._request(CMD_WRITE, f.handle, int64(0), b"XXXX"), 13)
+    assert f.read() == b"rw-data"
+with s.open("/home/rw", "ab") as f:
+    refused("READ on a write handle", lambda: s._request(CMD_READ, f.handle, int64(0), 4), 13)
+# A file created read-only is written through the handle that created it, as open(2) allows.
+with s.open("/home/new-ro", "wb") as f:
+    f.chmod(0o444)
+    f.write(b"made read-only")
+s.close(); t.close()
+print("modes ok")
+"#;
+
+/// Handles are opened for what the client asked and what the file's mode allows, as
+/// OpenSSH's server opens files: a file alice may not write is not opened for writing (nor
+/// truncated), a READ through a handle opened to write and a WRITE through one opened to read
+/// are refused, and nothing changes; a file created with a read-only mode is written through
+/// the handle that created it (OpenSSH's `put` of a 0444 file sends that mode in its OPEN).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn handles_do_only_what_they_were_opened_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let alice = e.authenticate_password("alice", PASSWORD).unwrap();
+    let home = e.resolve(&alice, "/home").unwrap();
+    for (name, mode, data) in [("ro", 0o444, &b"read-only"[..]), ("wo", 0o200, b"write-only"), ("rw", 0o644, b"rw-data")] {
+        let f = e.create(&alice, home.ino, name.as_bytes(), 0o600, true).unwrap();
+        e.write(&alice, f.ino, 0, data, storage_engine::Stability::Durable).unwrap();
+        e.close(&alice, f.ino).unwrap();
+        e.setattr(&alice, f.ino, storage_engine::SetAttr { mode: Some(mode), ..Default::default() }).unwrap();
+    }
+    let server = Server::start(e.clone(), &dir.path().join("key")).await;
+    let work = tempfile::tempdir().unwrap();
+    // OpenSSH's put of a local 0444 file.
+    let data = bytes(11, 700_000);
+    let local = work.path().join("ro.bin");
+    std::fs::write(&local, &data).unwrap();
+    std::fs::set_permissions(&local, std::os::unix::fs::PermissionsExt::from_mode(0o444)).unwrap();
+    let out = sftp_batch(server.addr, "alice", PASSWORD, &format!("put {} /home/ro.bin\n", local.display()), work.path()).await;
+    assert!(out.status.success(), "sftp put of a read-only file: {}", show(&out));
+    assert_eq!(read_all(&e, "/home/ro.bin"), data);
+    let a = e.resolve(&Caller::system(), "/home/ro.bin").unwrap();
+    assert_eq!(a.mode & 0o777, 0o444);
+    let script = paramiko_script(work.path(), "modes.py", HANDLE_MODES_SCRIPT).await;
+    let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into()], "python3 with paramiko").await;
+    assert!(out.status.success(), "paramiko: {}", show(&out));
+    assert_eq!(read_all(&e, "/home/ro"), b"read-only");
+    assert_eq!(read_all(&e, "/home/rw"), b"rw-data");
+    assert_eq!(read_all(&e, "/home/new-ro"), b"made read-only");
+    assert_eq!(e.resolve(&Caller::system(), "/home/new-ro").unwrap().mode & 0o777, 0o444, "the mode set through the handle applies at CLOSE");
+
     server.stop().await;
 }
