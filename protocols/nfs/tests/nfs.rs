@@ -864,3 +864,53 @@ async fn idle_connections_are_closed_and_busy_ones_are_not() {
     .unwrap();
     server.stop().await;
 }
+
+/// A file's owner writes it whatever its mode, as the Linux kernel server lets it (its owner
+/// override): the kernel client creates a file with the mode `open(O_CREAT, 0444)` asked for
+/// and then sends its WRITEs, and `cp` of a read-only file by a user other than root would
+/// otherwise fail with EACCES after creating it empty. Others are still refused, and the
+/// owner may not read a file whose mode denies it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_writes_a_file_it_created_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let sys = Caller::system();
+    let shared = engine.mkdir(&sys, storage_engine::ROOT_INO, b"shared", 0o777).unwrap();
+    let server = Server::start(engine.clone(), vec![export("/")]).await;
+    let root = mount_root(server.addr, "/shared").await;
+    let as_user = |uid: u32| {
+        let addr = server.addr;
+        async move {
+            let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            nfs3_client::Nfs3Client::new_with_auth(TokioIo::new(s), cred(uid), opaque_auth::default())
+        }
+    };
+    let mut alice = as_user(1000).await;
+    let mode_0444 = sattr3 { mode: Nfs3Option::Some(0o444), ..Default::default() };
+    let made = alice
+        .create(&CREATE3args { where_: diropargs3 { dir: root.clone(), name: filename3(Opaque::owned(b"ro.bin".to_vec())) }, how: createhow3::UNCHECKED(mode_0444) })
+        .await
+        .unwrap()
+        .unwrap();
+    let Nfs3Option::Some(fh) = made.obj else { panic!("create returned no handle") };
+    let data = b"written after a 0444 create".to_vec();
+    let w = alice
+        .write(&WRITE3args { file: fh.clone(), offset: 0, count: data.len() as u32, stable: stable_how::FILE_SYNC, data: Opaque::owned(data.clone()) })
+        .await
+        .unwrap();
+    assert!(matches!(w, Nfs3Result::Ok(_)), "the owner's WRITE: {w:?}");
+    let a = engine.resolve(&sys, "/shared/ro.bin").unwrap();
+    assert_eq!((a.size, a.mode & 0o777, a.uid), (data.len() as u64, 0o444, 1000));
+    assert_eq!(engine.read(&sys, a.ino, 0, 100).unwrap(), data);
+    // Someone else may not write it, and a mode without the owner's read bit keeps the owner
+    // from reading.
+    let mut bob = as_user(1001).await;
+    let w = bob.write(&WRITE3args { file: fh.clone(), offset: 0, count: 1, stable: stable_how::FILE_SYNC, data: Opaque::owned(b"X".to_vec()) }).await.unwrap();
+    assert!(matches!(w, Nfs3Result::Err((nfsstat3::NFS3ERR_ACCES, _))), "another user's WRITE: {w:?}");
+    engine.setattr(&sys, a.ino, storage_engine::SetAttr { mode: Some(0o200), ..Default::default() }).unwrap();
+    let r = alice.read(&READ3args { file: fh.clone(), offset: 0, count: 10 }).await.unwrap();
+    assert!(matches!(r, Nfs3Result::Err((nfsstat3::NFS3ERR_ACCES, _))), "the owner's READ of a 0200 file: {r:?}");
+    assert_eq!(engine.read(&sys, a.ino, 0, 100).unwrap(), data, "nothing changed");
+    let _ = shared;
+    server.stop().await;
+}
