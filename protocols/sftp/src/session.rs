@@ -201,9 +201,8 @@ impl russh::server::Handler for SshSession {
 }
 
 enum Open {
-    /// An open file: what it was opened for, and the mode to give it at CLOSE when the
-    /// handle created it with more owner permissions than asked for.
-    File { ino: Ino, append: bool, read: bool, write: bool, mode_at_close: Option<u32> },
+    /// An open file and what it was opened for.
+    File { ino: Ino, append: bool, read: bool, write: bool },
     Dir { ino: Ino, cursor: Option<Vec<u8>>, done: bool },
 }
 
@@ -312,11 +311,6 @@ fn longname(name: &str, a: &Attr) -> String {
         perms.push(if b & 1 != 0 { 'x' } else { '-' });
     }
     format!("{t}{perms} {:>3} {:>8} {:>8} {:>12} {name}", a.nlink, a.uid, a.gid, a.size)
-}
-
-/// The owner's permission bits a handle opened for `read` and `write` needs.
-fn owner_bits(read: bool, write: bool) -> u32 {
-    (if read { 0o400 } else { 0 }) | (if write { 0o200 } else { 0 })
 }
 
 fn setattr_of(a: &FileAttributes) -> SetAttr {
@@ -492,12 +486,15 @@ impl SftpSession {
         self.ahead.clear();
         // Most writes only add to the file's write buffer: done here, without a trip to a
         // blocking thread per request (that trip cost more than the write).
-        if !append && self.engine.try_write_buffered(&self.caller, ino, offset, &data).map_err(|e| code(&e))? {
+        // The handle was opened for writing (an existing file only where its mode allowed it),
+        // so its owner writes through it whatever the mode is now, as through a descriptor:
+        // OpenSSH's `put` of a 0444 file creates the file 0444 in its OPEN and then writes.
+        if !append && self.engine.try_write_buffered_as_owner(&self.caller, ino, offset, &data).map_err(|e| code(&e))? {
             return Ok(ok(id));
         }
         self.run(move |e, c, _| {
             let off = if append { e.getattr(c, ino)?.size } else { offset };
-            e.write(c, ino, off, &data, Stability::Unstable).map(|_| ())
+            e.write_as_owner(c, ino, off, &data, Stability::Unstable).map(|_| ())
         })
         .await?;
         Ok(ok(id))
@@ -518,17 +515,6 @@ impl SftpSession {
                 _ => Ok((*ino, *append)),
             },
             _ => Err(StatusCode::Failure),
-        }
-    }
-
-    /// The mode a client set on `ino` replaces the one its handles would give it at CLOSE.
-    fn forget_mode_at_close(&mut self, ino: Ino) {
-        for open in self.handles.values_mut() {
-            if let Open::File { ino: i, mode_at_close, .. } = open
-                && *i == ino
-            {
-                *mode_at_close = None;
-            }
         }
     }
 }
@@ -568,12 +554,7 @@ impl russh_sftp::server::Handler for SftpSession {
         // As OpenSSH's server opens: WRITE alone to write, READ alone (or neither) to read.
         let write = pflags.contains(OpenFlags::WRITE);
         let read = pflags.contains(OpenFlags::READ) || !write;
-        // A file this OPEN creates is written (and read) through its handle whatever mode
-        // was asked for, as open(2) allows the creator: OpenSSH's `put` of a 0444 file sends
-        // 0444. It is made with the owner's permissions the handle needs, and given the mode
-        // asked for at CLOSE.
-        let own = owner_bits(read, write);
-        let (ino, created) = self
+        let ino = self
             .run(move |e, c, root| {
                 let (attr, created) = if create {
                     let (parent, name) = parent_and_name(e, c, root, &filename)?;
@@ -581,7 +562,7 @@ impl russh_sftp::server::Handler for SftpSession {
                         Ok(a) if a.kind == FileKind::Symlink && !exclusive => (walk(e, c, root, &filename, true)?, false),
                         Ok(_) if exclusive => return Err(Error::Exists),
                         Ok(a) => (a, false),
-                        Err(Error::NotFound) => (e.create(c, parent.ino, name.as_bytes(), mode | own, exclusive)?, true),
+                        Err(Error::NotFound) => (e.create(c, parent.ino, name.as_bytes(), mode, exclusive)?, true),
                         Err(err) => return Err(err),
                     }
                 } else {
@@ -590,7 +571,8 @@ impl russh_sftp::server::Handler for SftpSession {
                 if attr.kind == FileKind::Dir {
                     return Err(Error::IsDir);
                 }
-                // An existing file is opened only for what its mode allows the caller.
+                // An existing file is opened only for what its mode allows the caller; a file
+                // this OPEN created is its creator's to write whatever mode it was given.
                 let need = if read { 4 } else { 0 } | if write || truncate { 2 } else { 0 };
                 if !created && e.access(c, attr.ino, need)? != need {
                     return Err(Error::PermissionDenied);
@@ -598,26 +580,18 @@ impl russh_sftp::server::Handler for SftpSession {
                 if truncate && attr.size > 0 {
                     e.setattr(c, attr.ino, SetAttr { size: Some(0), ..Default::default() })?;
                 }
-                Ok((attr.ino, created))
+                Ok(attr.ino)
             })
             .await?;
-        let mode_at_close = (created && mode & own != own).then_some(mode);
-        let handle = self.add_handle(Open::File { ino, append, read, write, mode_at_close })?;
+        let handle = self.add_handle(Open::File { ino, append, read, write })?;
         Ok(Handle { id, handle })
     }
 
     async fn close(&mut self, id: u32, handle: String) -> Result<Status, Self::Error> {
         self.ahead.remove(&handle);
         match self.handles.remove(&handle) {
-            Some(Open::File { ino, mode_at_close, .. }) => {
-                self.run(move |e, c, _| {
-                    e.close(c, ino)?;
-                    match mode_at_close {
-                        Some(mode) => e.setattr(c, ino, SetAttr { mode: Some(mode), ..Default::default() }).map(|_| ()),
-                        None => Ok(()),
-                    }
-                })
-                .await?;
+            Some(Open::File { ino, .. }) => {
+                self.run(move |e, c, _| e.close(c, ino)).await?;
                 Ok(ok(id))
             }
             Some(Open::Dir { .. }) => Ok(ok(id)),
@@ -653,38 +627,18 @@ impl russh_sftp::server::Handler for SftpSession {
 
     async fn setstat(&mut self, id: u32, path: String, attrs: FileAttributes) -> Result<Status, Self::Error> {
         let set = setattr_of(&attrs);
-        let ino = self
-            .run(move |e, c, root| {
-                let a = walk(e, c, root, &path, true)?;
-                e.setattr(c, a.ino, set).map(|_| a.ino)
-            })
-            .await?;
-        if attrs.permissions.is_some() {
-            self.forget_mode_at_close(ino);
-        }
+        self.run(move |e, c, root| {
+            let a = walk(e, c, root, &path, true)?;
+            e.setattr(c, a.ino, set).map(|_| ())
+        })
+        .await?;
         Ok(ok(id))
     }
 
     async fn fsetstat(&mut self, id: u32, handle: String, attrs: FileAttributes) -> Result<Status, Self::Error> {
         let (ino, _) = self.file_ino(&handle)?;
-        let mut set = setattr_of(&attrs);
-        // A mode that takes away what the handle was opened for applies at CLOSE, as a
-        // descriptor keeps working after fchmod(2); meanwhile the owner keeps those bits.
-        let own = match self.handles.get(&handle) {
-            Some(Open::File { read, write, .. }) => owner_bits(*read, *write),
-            _ => 0,
-        };
-        let deferred = set.mode.filter(|m| m & own != own);
-        if let Some(m) = deferred {
-            set.mode = Some(m | own);
-        }
+        let set = setattr_of(&attrs);
         self.run(move |e, c, _| e.setattr(c, ino, set).map(|_| ())).await?;
-        if attrs.permissions.is_some() {
-            self.forget_mode_at_close(ino);
-            if let (Some(m), Some(Open::File { mode_at_close, .. })) = (deferred, self.handles.get_mut(&handle)) {
-                *mode_at_close = Some(m);
-            }
-        }
         Ok(ok(id))
     }
 

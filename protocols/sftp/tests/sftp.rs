@@ -833,8 +833,9 @@ print("modes ok")
 /// Handles are opened for what the client asked and what the file's mode allows, as
 /// OpenSSH's server opens files: a file alice may not write is not opened for writing (nor
 /// truncated), a READ through a handle opened to write and a WRITE through one opened to read
-/// are refused, and nothing changes; a file created with a read-only mode is written through
-/// the handle that created it (OpenSSH's `put` of a 0444 file sends that mode in its OPEN).
+/// are refused, and nothing changes; a file created with a read-only mode, or made read-only
+/// through its handle, is still written through the handle by its owner (OpenSSH's `put` of a
+/// 0444 file sends that mode in its OPEN).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn handles_do_only_what_they_were_opened_for() {
     let dir = tempfile::tempdir().unwrap();
@@ -865,7 +866,7 @@ async fn handles_do_only_what_they_were_opened_for() {
     assert_eq!(read_all(&e, "/home/ro"), b"read-only");
     assert_eq!(read_all(&e, "/home/rw"), b"rw-data");
     assert_eq!(read_all(&e, "/home/new-ro"), b"made read-only");
-    assert_eq!(e.resolve(&Caller::system(), "/home/new-ro").unwrap().mode & 0o777, 0o444, "the mode set through the handle applies at CLOSE");
+    assert_eq!(e.resolve(&Caller::system(), "/home/new-ro").unwrap().mode & 0o777, 0o444, "the mode set through the handle");
 
     server.stop().await;
 }
