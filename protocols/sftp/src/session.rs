@@ -12,7 +12,7 @@ use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ReadBytes, SetA
 use tracing::info;
 
 use crate::serve::data_reply;
-use crate::wire::{CLIENT_PACKET_BYTES_MAX, components, join, ssh_strings};
+use crate::wire::{CLIENT_PACKET_BYTES_MAX, components, copy_data_args, join, ssh_strings};
 
 /// Open file and directory handles per SFTP session.
 const HANDLES_MAX: usize = 256;
@@ -803,6 +803,42 @@ impl russh_sftp::server::Handler for SftpSession {
                 Ok(Packet::ExtendedReply(ExtendedReply { id, data }))
             }
             "limits@openssh.com" => Ok(Packet::ExtendedReply(ExtendedReply { id, data: limits_reply() })),
+            // Server-side copy (OpenSSH's `cp`): the bytes go from one handle's file to the
+            // other's in the engine, never through the client.
+            "copy-data" => {
+                let (from, read_at, len, to, write_at) = copy_data_args(&data)?;
+                let (src, _) = self.file_for(&from, Use::Read)?;
+                let (dst, append) = self.file_for(&to, Use::Write)?;
+                let end = if len == 0 { u64::MAX } else { read_at.checked_add(len).ok_or(StatusCode::Failure)? };
+                // As OpenSSH's server: one file's range copied onto itself where it overlaps
+                // is refused.
+                if src == dst && read_at < write_at.saturating_add(end - read_at) && write_at < end {
+                    return Err(StatusCode::Failure);
+                }
+                self.ahead.clear();
+                self.run(move |e, c, _| {
+                    let mut at = read_at;
+                    let mut out = if append { e.getattr(c, dst)?.size } else { write_at };
+                    while at < end {
+                        let want = (end - at).min(COPY_PIECE_BYTES as u64) as usize;
+                        let pieces = e.read_shared(c, src, at, want)?;
+                        let got: usize = pieces.iter().map(|p| p.len()).sum::<usize>().min(want);
+                        if got == 0 {
+                            break;
+                        }
+                        let mut buf = Vec::with_capacity(got);
+                        for p in &pieces {
+                            buf.extend_from_slice(&p[..p.len().min(got - buf.len())]);
+                        }
+                        e.write_as_owner(c, dst, out, &buf, Stability::Unstable)?;
+                        at += got as u64;
+                        out += got as u64;
+                    }
+                    Ok(())
+                })
+                .await?;
+                Ok(Packet::from(ok(id)))
+            }
             _ => Err(StatusCode::OpUnsupported),
         }
     }
@@ -819,14 +855,18 @@ fn limits_reply() -> Vec<u8> {
 
 /// Extensions offered in the VERSION reply (name, version), as OpenSSH's sftp-server names
 /// them; its client uses each only when offered.
-const EXTENSIONS: [(&str, &str); 6] = [
+const EXTENSIONS: [(&str, &str); 7] = [
     ("posix-rename@openssh.com", "1"),
     ("limits@openssh.com", "1"),
     ("statvfs@openssh.com", "2"),
     ("fstatvfs@openssh.com", "2"),
     ("hardlink@openssh.com", "1"),
     ("fsync@openssh.com", "1"),
+    ("copy-data", "1"),
 ];
+
+/// Bytes a `copy-data` request moves per engine read and write.
+const COPY_PIECE_BYTES: usize = 4 << 20;
 
 /// Block size reported by statvfs (the unit of its block counts).
 const STATVFS_BLOCK_BYTES: u64 = 4096;

@@ -73,6 +73,33 @@ pub(crate) fn ssh_strings<const N: usize>(mut data: &[u8]) -> Result<[String; N]
     Ok(out)
 }
 
+/// The fields of a `copy-data` request's data, exactly: read-from handle, offset and length
+/// (0: to the end of the file), write-to handle and offset.
+pub(crate) fn copy_data_args(data: &[u8]) -> Result<(String, u64, u64, String, u64), StatusCode> {
+    fn string(data: &mut &[u8]) -> Result<String, StatusCode> {
+        let len: [u8; 4] = data.get(..4).ok_or(StatusCode::BadMessage)?.try_into().expect("four bytes");
+        let n = u32::from_be_bytes(len) as usize;
+        let bytes = data.get(4..4usize.saturating_add(n)).ok_or(StatusCode::BadMessage)?;
+        let s = String::from_utf8(bytes.to_vec()).map_err(|_| StatusCode::BadMessage)?;
+        *data = &data[4 + n..];
+        Ok(s)
+    }
+    fn u64_of(data: &mut &[u8]) -> Result<u64, StatusCode> {
+        let v: [u8; 8] = data.get(..8).ok_or(StatusCode::BadMessage)?.try_into().expect("eight bytes");
+        *data = &data[8..];
+        Ok(u64::from_be_bytes(v))
+    }
+    let mut d = data;
+    let from = string(&mut d)?;
+    let (read_at, len) = (u64_of(&mut d)?, u64_of(&mut d)?);
+    let to = string(&mut d)?;
+    let write_at = u64_of(&mut d)?;
+    if !d.is_empty() {
+        return Err(StatusCode::BadMessage);
+    }
+    Ok((from, read_at, len, to, write_at))
+}
+
 /// Lexically normalised absolute path components; `..` at the root stays at the root.
 pub(crate) fn components(path: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();

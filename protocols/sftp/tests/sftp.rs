@@ -870,3 +870,63 @@ async fn handles_do_only_what_they_were_opened_for() {
 
     server.stop().await;
 }
+
+const COPY_DATA_SCRIPT: &str = r#"
+import sys, paramiko
+from paramiko.sftp import CMD_EXTENDED, int64
+port, password = int(sys.argv[1]), sys.argv[2]
+t = paramiko.Transport(("127.0.0.1", port))
+t.connect(username="alice", password=password)
+s = paramiko.SFTPClient.from_transport(t)
+
+def copy(src, off, n, dst, woff):
+    s._request(CMD_EXTENDED, "copy-data", src.handle, int64(off), int64(n), dst.handle, int64(woff))
+
+def refused(what, fn, code):
+    try:
+        fn()
+    except IOError as e:
+        assert e.errno == code, (what, e)
+        return
+    raise AssertionError(what + " was allowed")
+
+data = s.open("/home/src.bin", "rb").read()
+with s.open("/home/src.bin", "rb") as src, s.open("/home/part.bin", "wb") as dst:
+    copy(src, 1000, 70000, dst, 0)        # a range
+    copy(src, len(data) - 10, 0, dst, 70000)  # to the end of the file (length 0)
+    copy(src, len(data) + 5, 100, dst, 70010)  # past the end: nothing
+assert s.open("/home/part.bin", "rb").read() == data[1000:71000] + data[-10:]
+with s.open("/home/src.bin", "r+b") as f:
+    refused("a range copied onto itself", lambda: copy(f, 0, 100, f, 50), None)
+    copy(f, 0, 100, f, 200)               # the same file, apart
+with s.open("/home/src.bin", "ab") as w, s.open("/home/part.bin", "rb") as r:
+    refused("from a handle opened to write", lambda: copy(w, 0, 10, w, 0), 13)
+    refused("onto a handle opened to read", lambda: copy(r, 0, 10, r, 500), 13)
+s.close(); t.close()
+print("copy ok")
+"#;
+
+/// Server-side copy (`copy-data`, OpenSSH's `cp`): the bytes move inside the appliance.
+/// Ranges, copies to the end of the file and past it, the same file apart; a range copied
+/// onto itself, a read from a handle opened to write and a write to one opened to read are
+/// refused and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_side_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let server = Server::start(e.clone(), &dir.path().join("key")).await;
+    let work = tempfile::tempdir().unwrap();
+    let data = bytes(21, 9 * 1024 * 1024 + 333);
+    std::fs::write(work.path().join("src.bin"), &data).unwrap();
+    let out = sftp_batch(server.addr, "alice", PASSWORD, &format!("put {}/src.bin /home/src.bin\ncp /home/src.bin /home/copy.bin\nchmod 600 /home/copy.bin\n", work.path().display()), work.path()).await;
+    assert!(out.status.success(), "sftp cp: {}", show(&out));
+    assert_eq!(read_all(&e, "/home/copy.bin"), data, "cp copied every byte");
+
+    let script = paramiko_script(work.path(), "copydata.py", COPY_DATA_SCRIPT).await;
+    let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into()], "python3 with paramiko").await;
+    assert!(out.status.success(), "paramiko: {}", show(&out));
+    let mut want = data.clone();
+    want.copy_within(0..100, 200);
+    assert_eq!(read_all(&e, "/home/src.bin"), want, "only the copy apart changed the file");
+    server.stop().await;
+}

@@ -10,7 +10,7 @@
 //! normalised paths have no empty, `.` or `..` component and no `/` inside one, and
 //! normalising their joined form gives them back; a decoded request encodes and decodes to
 //! the same request; a WRITE read in place (`wire::write_request`) has the fields russh-sftp
-//! decodes from it.
+//! decodes from it; a `copy-data` request's fields make up its data exactly.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -82,6 +82,20 @@ fn paths(request: &Packet) {
             "statvfs@openssh.com" => {
                 if let Ok([a]) = wire::ssh_strings::<1>(&p.data) {
                     path(&a);
+                }
+            }
+            // Two handles and three numbers, exactly: what is read encodes back to the data.
+            "copy-data" => {
+                if let Ok((from, read_at, len, to, write_at)) = wire::copy_data_args(&p.data) {
+                    let mut again = Vec::new();
+                    again.extend_from_slice(&(from.len() as u32).to_be_bytes());
+                    again.extend_from_slice(from.as_bytes());
+                    again.extend_from_slice(&read_at.to_be_bytes());
+                    again.extend_from_slice(&len.to_be_bytes());
+                    again.extend_from_slice(&(to.len() as u32).to_be_bytes());
+                    again.extend_from_slice(to.as_bytes());
+                    again.extend_from_slice(&write_at.to_be_bytes());
+                    assert_eq!(again, p.data, "copy-data's fields do not make up its data");
                 }
             }
             _ => {
