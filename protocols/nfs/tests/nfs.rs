@@ -198,8 +198,13 @@ fn cred(uid: u32) -> opaque_auth<'static> {
 }
 
 async fn client(addr: SocketAddr) -> nfs3_client::Nfs3Client<TokioIo<tokio::net::TcpStream>> {
+    client_as(addr, 0).await
+}
+
+/// A client whose calls carry AUTH_SYS `uid` (and gid `uid`).
+async fn client_as(addr: SocketAddr, uid: u32) -> nfs3_client::Nfs3Client<TokioIo<tokio::net::TcpStream>> {
     let s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    nfs3_client::Nfs3Client::new_with_auth(TokioIo::new(s), cred(0), opaque_auth::default())
+    nfs3_client::Nfs3Client::new_with_auth(TokioIo::new(s), cred(uid), opaque_auth::default())
 }
 
 async fn mount_root(addr: SocketAddr, path: &str) -> nfs_fh3 {
@@ -875,17 +880,10 @@ async fn the_owner_writes_a_file_it_created_read_only() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(config(dir.path())).unwrap();
     let sys = Caller::system();
-    let shared = engine.mkdir(&sys, storage_engine::ROOT_INO, b"shared", 0o777).unwrap();
+    engine.mkdir(&sys, storage_engine::ROOT_INO, b"shared", 0o777).unwrap();
     let server = Server::start(engine.clone(), vec![export("/")]).await;
     let root = mount_root(server.addr, "/shared").await;
-    let as_user = |uid: u32| {
-        let addr = server.addr;
-        async move {
-            let s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            nfs3_client::Nfs3Client::new_with_auth(TokioIo::new(s), cred(uid), opaque_auth::default())
-        }
-    };
-    let mut alice = as_user(1000).await;
+    let mut alice = client_as(server.addr, 1000).await;
     let mode_0444 = sattr3 { mode: Nfs3Option::Some(0o444), ..Default::default() };
     let made = alice
         .create(&CREATE3args { where_: diropargs3 { dir: root.clone(), name: filename3(Opaque::owned(b"ro.bin".to_vec())) }, how: createhow3::UNCHECKED(mode_0444) })
@@ -904,13 +902,12 @@ async fn the_owner_writes_a_file_it_created_read_only() {
     assert_eq!(engine.read(&sys, a.ino, 0, 100).unwrap(), data);
     // Someone else may not write it, and a mode without the owner's read bit keeps the owner
     // from reading.
-    let mut bob = as_user(1001).await;
+    let mut bob = client_as(server.addr, 1001).await;
     let w = bob.write(&WRITE3args { file: fh.clone(), offset: 0, count: 1, stable: stable_how::FILE_SYNC, data: Opaque::owned(b"X".to_vec()) }).await.unwrap();
     assert!(matches!(w, Nfs3Result::Err((nfsstat3::NFS3ERR_ACCES, _))), "another user's WRITE: {w:?}");
     engine.setattr(&sys, a.ino, storage_engine::SetAttr { mode: Some(0o200), ..Default::default() }).unwrap();
     let r = alice.read(&READ3args { file: fh.clone(), offset: 0, count: 10 }).await.unwrap();
     assert!(matches!(r, Nfs3Result::Err((nfsstat3::NFS3ERR_ACCES, _))), "the owner's READ of a 0200 file: {r:?}");
     assert_eq!(engine.read(&sys, a.ino, 0, 100).unwrap(), data, "nothing changed");
-    let _ = shared;
     server.stop().await;
 }

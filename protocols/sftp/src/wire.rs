@@ -61,11 +61,7 @@ pub(crate) fn write_request(packet: &[u8]) -> Option<(u32, &str, u64, std::ops::
 pub(crate) fn ssh_strings<const N: usize>(mut data: &[u8]) -> Result<[String; N], StatusCode> {
     let mut out: [String; N] = std::array::from_fn(|_| String::new());
     for s in &mut out {
-        let len: [u8; 4] = data.get(..4).ok_or(StatusCode::BadMessage)?.try_into().expect("four bytes");
-        let n = u32::from_be_bytes(len) as usize;
-        let bytes = data.get(4..4usize.saturating_add(n)).ok_or(StatusCode::BadMessage)?;
-        *s = String::from_utf8(bytes.to_vec()).map_err(|_| StatusCode::BadMessage)?;
-        data = &data[4 + n..];
+        *s = take_string(&mut data)?;
     }
     if !data.is_empty() {
         return Err(StatusCode::BadMessage);
@@ -73,27 +69,31 @@ pub(crate) fn ssh_strings<const N: usize>(mut data: &[u8]) -> Result<[String; N]
     Ok(out)
 }
 
+/// An SSH string (u32 length, UTF-8 bytes) from the front of `data`.
+fn take_string(data: &mut &[u8]) -> Result<String, StatusCode> {
+    let len: [u8; 4] = data.get(..4).ok_or(StatusCode::BadMessage)?.try_into().expect("four bytes");
+    let n = u32::from_be_bytes(len) as usize;
+    let bytes = data.get(4..4usize.saturating_add(n)).ok_or(StatusCode::BadMessage)?;
+    let s = String::from_utf8(bytes.to_vec()).map_err(|_| StatusCode::BadMessage)?;
+    *data = &data[4 + n..];
+    Ok(s)
+}
+
+/// A u64 from the front of `data`.
+fn take_u64(data: &mut &[u8]) -> Result<u64, StatusCode> {
+    let v: [u8; 8] = data.get(..8).ok_or(StatusCode::BadMessage)?.try_into().expect("eight bytes");
+    *data = &data[8..];
+    Ok(u64::from_be_bytes(v))
+}
+
 /// The fields of a `copy-data` request's data, exactly: read-from handle, offset and length
 /// (0: to the end of the file), write-to handle and offset.
 pub(crate) fn copy_data_args(data: &[u8]) -> Result<(String, u64, u64, String, u64), StatusCode> {
-    fn string(data: &mut &[u8]) -> Result<String, StatusCode> {
-        let len: [u8; 4] = data.get(..4).ok_or(StatusCode::BadMessage)?.try_into().expect("four bytes");
-        let n = u32::from_be_bytes(len) as usize;
-        let bytes = data.get(4..4usize.saturating_add(n)).ok_or(StatusCode::BadMessage)?;
-        let s = String::from_utf8(bytes.to_vec()).map_err(|_| StatusCode::BadMessage)?;
-        *data = &data[4 + n..];
-        Ok(s)
-    }
-    fn u64_of(data: &mut &[u8]) -> Result<u64, StatusCode> {
-        let v: [u8; 8] = data.get(..8).ok_or(StatusCode::BadMessage)?.try_into().expect("eight bytes");
-        *data = &data[8..];
-        Ok(u64::from_be_bytes(v))
-    }
     let mut d = data;
-    let from = string(&mut d)?;
-    let (read_at, len) = (u64_of(&mut d)?, u64_of(&mut d)?);
-    let to = string(&mut d)?;
-    let write_at = u64_of(&mut d)?;
+    let from = take_string(&mut d)?;
+    let (read_at, len) = (take_u64(&mut d)?, take_u64(&mut d)?);
+    let to = take_string(&mut d)?;
+    let write_at = take_u64(&mut d)?;
     if !d.is_empty() {
         return Err(StatusCode::BadMessage);
     }

@@ -119,12 +119,32 @@ fn show(o: &Output) -> String {
     format!("{}\nstdout: {}\nstderr: {}", o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-/// Writes a paramiko script into `dir`, after checking that python3 can import paramiko.
+/// Helpers every paramiko script starts with: `alice_session` logs alice in with a password
+/// (the transport and the SFTP client), `refused` checks that a call fails with `errno`.
+const PARAMIKO_HELPERS: &str = r#"
+import paramiko
+
+def alice_session(port, password):
+    t = paramiko.Transport(("127.0.0.1", port))
+    t.connect(username="alice", password=password)
+    return t, paramiko.SFTPClient.from_transport(t)
+
+def refused(what, fn, code):
+    try:
+        fn()
+    except IOError as e:
+        assert e.errno == code, (what, e)
+        return
+    raise AssertionError(what + " was allowed")
+"#;
+
+/// Writes a paramiko script into `dir` after [`PARAMIKO_HELPERS`], after checking that
+/// python3 can import paramiko.
 async fn paramiko_script(dir: &Path, name: &str, text: &str) -> PathBuf {
     let check = run("python3", vec!["-c".into(), "import paramiko".into()], "python3").await;
     assert!(check.status.success(), "python3 has no paramiko: install it with `pip install paramiko` (scripts/deps.sh)");
     let script = dir.join(name);
-    std::fs::write(&script, text).unwrap();
+    std::fs::write(&script, format!("{PARAMIKO_HELPERS}{text}")).unwrap();
     script
 }
 
@@ -796,20 +816,9 @@ async fn raw_packets_are_answered_or_end_the_session() {
 }
 
 const HANDLE_MODES_SCRIPT: &str = r#"
-import sys, paramiko
+import sys
 from paramiko.sftp import CMD_READ, CMD_WRITE, int64
-port, password = int(sys.argv[1]), sys.argv[2]
-t = paramiko.Transport(("127.0.0.1", port))
-t.connect(username="alice", password=password)
-s = paramiko.SFTPClient.from_transport(t)
-
-def refused(what, fn, code):
-    try:
-        fn()
-    except IOError as e:
-        assert e.errno == code, (what, e)
-        return
-    raise AssertionError(what + " was allowed")
+t, s = alice_session(int(sys.argv[1]), sys.argv[2])
 
 # A file alice cannot write (0444) or read (0200) cannot be opened for it.
 refused("open 0444 for writing", lambda: s.open("/home/ro", "r+b"), 13)
@@ -872,23 +881,12 @@ async fn handles_do_only_what_they_were_opened_for() {
 }
 
 const COPY_DATA_SCRIPT: &str = r#"
-import sys, paramiko
+import sys
 from paramiko.sftp import CMD_EXTENDED, int64
-port, password = int(sys.argv[1]), sys.argv[2]
-t = paramiko.Transport(("127.0.0.1", port))
-t.connect(username="alice", password=password)
-s = paramiko.SFTPClient.from_transport(t)
+t, s = alice_session(int(sys.argv[1]), sys.argv[2])
 
 def copy(src, off, n, dst, woff):
     s._request(CMD_EXTENDED, "copy-data", src.handle, int64(off), int64(n), dst.handle, int64(woff))
-
-def refused(what, fn, code):
-    try:
-        fn()
-    except IOError as e:
-        assert e.errno == code, (what, e)
-        return
-    raise AssertionError(what + " was allowed")
 
 data = s.open("/home/src.bin", "rb").read()
 with s.open("/home/src.bin", "rb") as src, s.open("/home/part.bin", "wb") as dst:
