@@ -495,24 +495,10 @@ fn s3_key(creds: &Creds) -> Result<S3Key> {
 fn amz_dates(t: SystemTime) -> (String, String) {
     let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let (y, m, d) = storage_engine::civil_from_days((secs / 86_400) as i64);
     let date = format!("{y:04}{m:02}{d:02}");
     let full = format!("{date}T{:02}{:02}{:02}Z", rem / 3600, rem / 60 % 60, rem % 60);
     (date, full)
-}
-
-/// (year, month, day) of the proleptic Gregorian calendar for a count of days since
-/// 1970-01-01 (Howard Hinnant's civil_from_days).
-pub(crate) fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 fn hmac(key: &[u8], data: &str) -> Vec<u8> {

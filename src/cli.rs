@@ -1094,7 +1094,7 @@ fn human_bytes(n: u64) -> String {
 fn utc_time(ns: i64) -> String {
     let secs = ns.div_euclid(1_000_000_000);
     let rem = secs.rem_euclid(86_400);
-    let (year, month, day) = crate::bench_train::civil_from_days(secs.div_euclid(86_400));
+    let (year, month, day) = storage_engine::civil_from_days(secs.div_euclid(86_400));
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}", rem / 3600, rem % 3600 / 60)
 }
 

@@ -80,19 +80,6 @@ fn files_drives_jobs_users_and_tokens_through_the_cli() {
     d.stop();
 }
 
-/// Runs an OpenSSH `sftp -b` batch against the daemon as `user` with `password`.
-fn sftp_as(d: &Daemon, user: &str, password: &str, batch: &str, work: &std::path::Path) -> Output {
-    let file = work.join("batch");
-    std::fs::write(&file, batch).unwrap();
-    let port = d.sftp.rsplit(':').next().unwrap();
-    Command::new("sshpass")
-        .args(["-p", password, "sftp", "-o", "BatchMode=no", "-b", file.to_str().unwrap(), "-P", port])
-        .args(["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "PreferredAuthentications=password", "-o", "PubkeyAuthentication=no"])
-        .arg(format!("{user}@127.0.0.1"))
-        .output()
-        .expect("run sshpass sftp (Debian packages sshpass, openssh-client; scripts/deps.sh installs them)")
-}
-
 /// `aquifer sftp chroot` confines a user's OpenSSH `sftp` sessions from their next login, on
 /// the running daemon; bad input is refused with a clear message and changes nothing.
 #[test]

@@ -257,13 +257,7 @@ fn accounts_log_in_with_their_password_and_act_with_their_permissions() {
     smb_ok(&d, "aquifer", false, "mkdir home; mkdir home\\alice");
     let uid = c.get(d.url("/api/v1/users/alice")).basic_auth("admin", Some(ADMIN_PASSWORD)).send().unwrap().json::<serde_json::Value>().unwrap()["uid"].as_u64().unwrap();
     // chown over SFTP (SMB has no POSIX owners to set).
-    let batch = work.path().join("batch");
-    std::fs::write(&batch, format!("chown {uid} /home/alice\n")).unwrap();
-    let o = Command::new("sshpass")
-        .args(["-p", ADMIN_PASSWORD, "sftp", "-o", "BatchMode=no", "-b", batch.to_str().unwrap(), "-P", d.sftp.rsplit(':').next().unwrap()])
-        .args(["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "PubkeyAuthentication=no", "admin@127.0.0.1"])
-        .output()
-        .expect("run sshpass sftp (Debian packages sshpass, openssh-client)");
+    let o = sftp_as(&d, "admin", ADMIN_PASSWORD, &format!("chown {uid} /home/alice\n"), work.path());
     assert!(o.status.success(), "chown home/alice: {}", text(&o));
     let t = smb_as(&d, "alice", "alice-password-1", &format!("put {} home\\alice\\a.txt; ls home\\alice\\*", local.display()));
     assert!(t.contains("a.txt") && !t.contains("NT_STATUS_"), "alice writes her home: {t}");

@@ -4,8 +4,9 @@
 //! writes across several 1 MiB requests, truncation, mkdir/rmdir, renames, symbolic links
 //! (mfsymlinks), unlink of an open file, utimes, a large directory. Halfway it waits while
 //! the daemon restarts on the same port; the client reconnects and carries on with the
-//! descriptor it held open. Afterwards the files are read back through the REST API and
-//! compared bit for bit.
+//! descriptor it held open. Before the restart it also mounts the share as a user other than
+//! the administrator and copies a read-only file there. Afterwards the files are read back
+//! through the REST API and compared bit for bit.
 //!
 //! A second test runs pjdfstest in the same guest on the CIFS mount and holds the set of
 //! failing cases to tests/guest/pjdfstest-cifs-known-failures.txt.
@@ -29,6 +30,21 @@ const FROM_HOST_SEED: u64 = 11;
 /// Longest the guest may take to boot and run all of pjdfstest.
 const PJDFSTEST_TIMEOUT_S: u64 = 900;
 
+/// The account the CIFS check mounts the share a second time with, to copy a read-only file
+/// into `/alice` as a user other than the administrator.
+const ALICE_PASSWORD: &str = "alice-password-1";
+
+/// Makes the user alice and a directory `/alice` she owns (chown over SFTP: SMB without
+/// POSIX extensions sets no owners).
+fn alice_with_a_directory(d: &Daemon, work: &Path) {
+    let c = d.client();
+    let r = c.post(d.url("/api/v1/users")).basic_auth("admin", Some(ADMIN_PASSWORD)).json(&serde_json::json!({"name": "alice", "password": ALICE_PASSWORD})).send().unwrap();
+    assert!(r.status().is_success(), "create alice: {}", r.status());
+    let user: serde_json::Value = c.get(d.url("/api/v1/users/alice")).basic_auth("admin", Some(ADMIN_PASSWORD)).send().unwrap().json().unwrap();
+    let o = sftp_as(d, "admin", ADMIN_PASSWORD, &format!("mkdir /alice\nchown {} /alice\n", user["uid"]), work);
+    assert!(o.status.success(), "mkdir and chown /alice: {}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// Starts the daemon with its SMB service on `smb_port`, so a restart keeps the guest's mount.
 fn start_daemon(data_dir: &Path, smb_port: u16) -> Daemon {
     Daemon::start(data_dir, &["--smb", &format!("127.0.0.1:{smb_port}")])
@@ -48,10 +64,11 @@ fn kernel_cifs_client_reads_writes_and_survives_a_restart() {
     let port = free_port();
     let data = work.path().join("data");
     let d = start_daemon(&data, port);
+    alice_with_a_directory(&d, work.path());
     let from_host = bytes(FROM_HOST_SEED, FROM_HOST_BYTES);
     // The restart comes while the guest holds the mount and an open file: the client has to
     // reconnect to the new process, set its session up again and reopen the file.
-    let params = format!("{} aq.mode=cifs-check", cifs_params(port));
+    let params = format!("{} aq.mode=cifs-check aq.args=alice,{ALICE_PASSWORD}", cifs_params(port));
     let (d, lines) = check_across_a_restart(&guest_dir, &params, "cifs-check.sh", d, &from_host, || start_daemon(&data, port));
     let mounted = lines.iter().find(|l| l.starts_with("AQ-MOUNTED ")).unwrap();
     assert!(mounted.contains(" cifs ") && mounted.contains("vers=3.1.1"), "not an SMB 3.1.1 mount: {mounted}");
@@ -62,6 +79,9 @@ fn kernel_cifs_client_reads_writes_and_survives_a_restart() {
     // An mfsymlinks symlink is a regular file that starts with "XSym" and names its target.
     let sym = rest_file(&d, "kc/d1/sym").unwrap();
     assert!(sym.starts_with(b"XSym\n") && String::from_utf8_lossy(&sym).contains("../renamed.txt"), "d1/sym: {sym:?}");
+    // alice's copy of a read-only file: whole, read-only, hers.
+    assert_eq!(rest_file(&d, "alice/ro-copy.txt").unwrap(), b"read-only source\n");
+    assert_eq!(rest_dir(&d, "alice")["ro-copy.txt"]["mode"].as_u64().unwrap() & 0o777, 0o444);
     for gone in ["kc/Renamed.tmp", "kc/held.txt"] {
         assert!(rest_file(&d, gone).is_none(), "{gone} should be gone");
     }

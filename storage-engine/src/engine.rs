@@ -219,7 +219,9 @@ pub(crate) enum Command {
     /// A new file with inline content and extended attributes, linked in place of whatever
     /// `name` is (atomic replace): a whole small upload as one command.
     PutInline { caller: Caller, parent: Ino, name: Vec<u8>, mode: u32, ino: Ino, generation: u64, data: Vec<u8>, xattrs: Vec<(Vec<u8>, Vec<u8>)>, now: i64 },
-    SetAttr { caller: Caller, ino: Ino, set: SetAttr, now: i64 },
+    /// With `owner_override`, the file's owner may change its size whatever its mode
+    /// ([`Engine::setattr_as_owner`]).
+    SetAttr { caller: Caller, ino: Ino, set: SetAttr, now: i64, owner_override: bool },
     WriteExtents {
         ino: Ino,
         /// New extents: (file offset, stripe id, stripe record with refs 0). Non-overlapping.
@@ -1620,7 +1622,7 @@ impl Engine {
                     events: vec![ChangeEvent { ino: *ino, version: rec.version, kind: ChangeKind::Created { parent: *parent, name: name.clone() } }],
                 })
             }
-            Command::SetAttr { caller, ino, set, now } => self.apply_setattr(caller, *ino, set, *now, batch, freed),
+            Command::SetAttr { caller, ino, set, now, owner_override } => self.apply_setattr(caller, *ino, set, *now, *owner_override, batch, freed),
             Command::WriteExtents { ino, extents, inline, size_at_least, now } => {
                 let mut rec = self.load(*ino)?;
                 if rec.kind != FileKind::File {
@@ -1941,7 +1943,7 @@ impl Engine {
         })
     }
 
-    fn apply_setattr(&self, caller: &Caller, ino: Ino, set: &SetAttr, now: i64, batch: &mut WriteBatch, freed: &mut Vec<(u64, StripeRec)>) -> Result<Applied> {
+    fn apply_setattr(&self, caller: &Caller, ino: Ino, set: &SetAttr, now: i64, owner_override: bool, batch: &mut WriteBatch, freed: &mut Vec<(u64, StripeRec)>) -> Result<Applied> {
         let mut rec = self.load(ino)?;
         let owner = caller.uid == 0 || caller.uid == rec.uid;
         if let Some(mode) = set.mode {
@@ -1989,7 +1991,9 @@ impl Engine {
                 FileKind::File => {}
                 k => return Err(Error::InvalidArgument(format!("truncate of a special file ({k:?})"))),
             }
-            check(caller, &rec, W)?;
+            if !(owner_override && caller.uid == rec.uid) {
+                check(caller, &rec, W)?;
+            }
             if size > FILE_BYTES_MAX {
                 return Err(Error::FileTooLarge);
             }
@@ -2192,6 +2196,19 @@ impl Engine {
     }
 
     pub fn setattr(&self, caller: &Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
+        self.setattr_checked(caller, ino, set, false)
+    }
+
+    /// [`setattr`](Self::setattr) as a server whose clients checked access when a file was
+    /// opened: the file's owner may change its size whatever its mode, as it may write it in
+    /// [`write_as_owner`](Self::write_as_owner) (`ftruncate` on a descriptor opened for
+    /// writing; the Linux kernel NFS server's owner override covers size changes too). Every
+    /// other change is checked as in `setattr`.
+    pub fn setattr_as_owner(&self, caller: &Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
+        self.setattr_checked(caller, ino, set, true)
+    }
+
+    fn setattr_checked(&self, caller: &Caller, ino: Ino, set: SetAttr, owner_override: bool) -> Result<Attr> {
         if let Some(done) = self.remote_mutation(&[ino], Mutation::SetAttr { caller, ino, set: &set })? {
             return done.ok_or_else(|| Error::Io("portal setattr returned no attributes".into()));
         }
@@ -2200,11 +2217,13 @@ impl Engine {
             // reappear later.
             let rec = self.load(ino)?;
             if rec.kind == FileKind::File {
-                check(caller, &rec, W)?;
+                if !(owner_override && caller.uid == rec.uid) {
+                    check(caller, &rec, W)?;
+                }
                 self.flush(ino, false)?;
             }
         }
-        let cmd = Command::SetAttr { caller: caller.clone(), ino, set, now: self.now() };
+        let cmd = Command::SetAttr { caller: caller.clone(), ino, set, now: self.now(), owner_override };
         let attr = self.execute(cmd, false)?.expect("setattr returns attributes");
         Ok(attr)
     }
@@ -2215,6 +2234,16 @@ impl Engine {
     /// buffer (which `setattr` writes out first), another mutation holds the mutation lock,
     /// or RocksDB stalls writes; the caller then uses `setattr` on a thread that may block.
     pub fn try_setattr(&self, caller: &Caller, ino: Ino, set: SetAttr) -> Option<Result<Attr>> {
+        self.try_setattr_checked(caller, ino, set, false)
+    }
+
+    /// [`try_setattr`](Self::try_setattr) with the owner's override of
+    /// [`setattr_as_owner`](Self::setattr_as_owner).
+    pub fn try_setattr_as_owner(&self, caller: &Caller, ino: Ino, set: SetAttr) -> Option<Result<Attr>> {
+        self.try_setattr_checked(caller, ino, set, true)
+    }
+
+    fn try_setattr_checked(&self, caller: &Caller, ino: Ino, set: SetAttr, owner_override: bool) -> Option<Result<Attr>> {
         match self.may_need_hub(caller, ino) {
             Ok(true) => return None,
             Ok(false) => {}
@@ -2223,7 +2252,7 @@ impl Engine {
         if set.size.is_some() && self.buffer_of(ino).is_some() {
             return None;
         }
-        let cmd = Command::SetAttr { caller: caller.clone(), ino, set, now: self.now() };
+        let cmd = Command::SetAttr { caller: caller.clone(), ino, set, now: self.now(), owner_override };
         self.try_execute(cmd).map(|r| r.map(|a| a.expect("setattr returns attributes")))
     }
 

@@ -166,6 +166,18 @@ impl Engine {
         }
     }
 
+    /// The name of the account with `uid`, for listings that show owners by name (`ls -l`
+    /// over SFTP, where OpenSSH's server shows the names of /etc/passwd): `None` when no
+    /// account has it. Any caller may ask, as any local user may read /etc/passwd.
+    pub fn user_name(&self, uid: u32) -> Result<Option<String>> {
+        Ok(self.db.get_cf(self.cf(CF_IDENTITY), uid_key(uid))?.map(|n| String::from_utf8_lossy(&n).into_owned()))
+    }
+
+    /// The name of the group with `gid`, as [`user_name`](Self::user_name).
+    pub fn group_name(&self, gid: u32) -> Result<Option<String>> {
+        Ok(self.db.get_cf(self.cf(CF_IDENTITY), gid_key(gid))?.map(|n| String::from_utf8_lossy(&n).into_owned()))
+    }
+
     fn caller_of(rec: &UserRec, role: Role) -> Caller {
         Caller { user: rec.name.clone(), uid: rec.uid, gid: rec.gid, groups: rec.groups.clone(), role }
     }

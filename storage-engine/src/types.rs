@@ -227,3 +227,43 @@ pub enum ChangeKind {
     Data,
     Attr,
 }
+
+/// (year, month 1-12, day 1-31) of the proleptic Gregorian calendar for a count of days since
+/// 1970-01-01 (Howard Hinnant's `civil_from_days`): dates for listings, logs and signatures
+/// without a calendar crate.
+pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_those_of_the_gregorian_calendar() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(-1), (1969, 12, 31));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(civil_from_days(11_017), (2000, 3, 1));
+        assert_eq!(civil_from_days(20_429), (2025, 12, 7));
+        // Every day of 1900-2099 follows the one before it.
+        let mut prev = civil_from_days(-25_567);
+        assert_eq!(prev, (1900, 1, 1));
+        for day in -25_566..47_482 {
+            let d = civil_from_days(day);
+            let next_in_month = d == (prev.0, prev.1, prev.2 + 1);
+            let next_month = d.2 == 1 && (d == (prev.0, prev.1 + 1, 1) || (prev.1 == 12 && d == (prev.0 + 1, 1, 1)));
+            assert!(next_in_month || next_month, "{prev:?} then {d:?}");
+            prev = d;
+        }
+        assert_eq!(prev, (2099, 12, 31));
+    }
+}

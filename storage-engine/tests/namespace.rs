@@ -123,6 +123,44 @@ fn permissions_are_enforced_by_the_engine() {
     assert!(matches!(e.authenticate_password("nobody", "password-123"), Err(Error::Unauthenticated)));
 }
 
+/// `write_as_owner` and `setattr_as_owner`: the owner of a read-only file writes and resizes
+/// it (what a server whose clients checked access at open needs), nobody else does, and
+/// nothing else about the file is overridden.
+#[test]
+fn the_owner_override_covers_writes_and_size_changes_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let c = root();
+    let alice = user(&e, "alice");
+    let bob = user(&e, "bob");
+    let shared = e.mkdir(&c, ROOT_INO, b"shared", 0o777).unwrap();
+    let f = e.create(&alice, shared.ino, b"ro", 0o444, true).unwrap();
+    let size = |a: &Caller| e.getattr(a, f.ino).unwrap().size;
+    assert!(matches!(e.write(&alice, f.ino, 0, b"x", Stability::Durable), Err(Error::PermissionDenied)));
+    assert!(matches!(e.setattr(&alice, f.ino, SetAttr { size: Some(9), ..Default::default() }), Err(Error::PermissionDenied)));
+    assert!(matches!(e.try_write_buffered(&alice, f.ino, 0, b"x"), Err(Error::PermissionDenied)));
+    assert_eq!(size(&alice), 0);
+
+    e.write_as_owner(&alice, f.ino, 0, b"written ", Stability::Unstable).unwrap();
+    assert!(e.try_write_buffered_as_owner(&alice, f.ino, 8, b"read-only").unwrap());
+    e.commit(&alice, f.ino).unwrap();
+    assert_eq!(e.read(&alice, f.ino, 0, 100).unwrap(), b"written read-only");
+    e.setattr_as_owner(&alice, f.ino, SetAttr { size: Some(7), ..Default::default() }).unwrap();
+    assert_eq!(e.try_setattr_as_owner(&alice, f.ino, SetAttr { size: Some(9), ..Default::default() }).unwrap().unwrap().size, 9);
+    assert_eq!(e.read(&alice, f.ino, 0, 100).unwrap(), b"written\0\0");
+
+    // Another user meets the mode, with or without the override.
+    assert!(matches!(e.write_as_owner(&bob, f.ino, 0, b"x", Stability::Durable), Err(Error::PermissionDenied)));
+    assert!(matches!(e.try_write_buffered_as_owner(&bob, f.ino, 0, b"x"), Err(Error::PermissionDenied)));
+    assert!(matches!(e.setattr_as_owner(&bob, f.ino, SetAttr { size: Some(0), ..Default::default() }), Err(Error::PermissionDenied)));
+    assert!(matches!(e.try_setattr_as_owner(&bob, f.ino, SetAttr { size: Some(0), ..Default::default() }), Some(Err(Error::PermissionDenied))));
+    // Only the size: a change of owner stays the administrator's, the mode stays the owner's.
+    assert!(matches!(e.setattr_as_owner(&alice, f.ino, SetAttr { size: Some(1), uid: Some(bob.uid), ..Default::default() }), Err(Error::PermissionDenied)));
+    assert!(matches!(e.setattr_as_owner(&bob, f.ino, SetAttr { mode: Some(0o666), ..Default::default() }), Err(Error::PermissionDenied)));
+    let a = e.getattr(&c, f.ino).unwrap();
+    assert_eq!((a.size, a.mode & 0o777, a.uid), (9, 0o444, alice.uid));
+}
+
 #[test]
 fn tokens_issue_use_expire_and_revoke() {
     let dir = tempfile::tempdir().unwrap();

@@ -165,3 +165,16 @@ pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Runs an OpenSSH `sftp -b` batch against the daemon as `user` with `password`.
+pub fn sftp_as(d: &Daemon, user: &str, password: &str, batch: &str, work: &Path) -> std::process::Output {
+    let file = work.join("batch");
+    std::fs::write(&file, batch).unwrap();
+    let port = d.sftp.rsplit(':').next().unwrap();
+    Command::new("sshpass")
+        .args(["-p", password, "sftp", "-o", "BatchMode=no", "-b", file.to_str().unwrap(), "-P", port])
+        .args(["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "PreferredAuthentications=password", "-o", "PubkeyAuthentication=no"])
+        .arg(format!("{user}@127.0.0.1"))
+        .output()
+        .expect("run sshpass sftp (Debian packages sshpass, openssh-client; scripts/deps.sh installs them)")
+}

@@ -30,6 +30,19 @@ run unlink_open sh -c 'echo held >held.txt && exec 5<held.txt && rm held.txt && 
 drop_caches
 refuse unlink_open_gone test -e held.txt
 
+# A user other than the administrator copies a read-only file: the client creates it with
+# FILE_ATTRIBUTE_READONLY (mode 0444 without POSIX extensions) and then writes its bytes
+# through the handle that created it. The host made /alice, owned by her, and passes her
+# account as this script's arguments.
+mkdir -p /mnt2
+run alice_mount mount -t cifs -o "vers=3.1.1,port=$port,username=$1,password=$2,ip=10.0.2.2,noperm,mfsymlinks,actimeo=0" "//10.0.2.2/$share" /mnt2
+printf 'read-only source\n' >/tmp/ro-src && chmod 444 /tmp/ro-src
+run ro_copy cp /tmp/ro-src /mnt2/alice/ro-copy.txt
+drop_caches
+expect ro_copy_content "read-only source" cat /mnt2/alice/ro-copy.txt
+refuse ro_copy_reopened_to_write sh -c 'echo more >>/mnt2/alice/ro-copy.txt'
+run alice_umount umount /mnt2
+
 wait_for_restart
 
 # After the restart the client reconnects and reopens what it holds.

@@ -367,10 +367,12 @@ async fn setattr(state: &Arc<State>, call: &CallInfo, args: &[u8]) -> Reply {
     let set = setattr_of(&a.new_attributes);
     let (engine, caller, ino) = (ctx.engine(), ctx.caller.clone(), before.ino);
     // One metadata batch: done here when the engine can take it without waiting (a client's
-    // open with O_TRUNC sends one after each CREATE), else on a blocking thread.
-    let r = match engine.try_setattr(&caller, ino, set.clone()) {
+    // open with O_TRUNC sends one after each CREATE), else on a blocking thread. A size
+    // change by the file's owner is not held to the mode, as WRITE is not (the client checked
+    // access at open: `ftruncate` on a descriptor of a file created read-only).
+    let r = match engine.try_setattr_as_owner(&caller, ino, set.clone()) {
         Some(r) => r,
-        None => blocking(move || engine.setattr(&caller, ino, set)).await,
+        None => blocking(move || engine.setattr_as_owner(&caller, ino, set)).await,
     };
     let wcc = ctx.wcc_after(Some(&before), ino).await;
     match r {

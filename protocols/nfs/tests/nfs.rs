@@ -905,6 +905,16 @@ async fn the_owner_writes_a_file_it_created_read_only() {
     let mut bob = client_as(server.addr, 1001).await;
     let w = bob.write(&WRITE3args { file: fh.clone(), offset: 0, count: 1, stable: stable_how::FILE_SYNC, data: Opaque::owned(b"X".to_vec()) }).await.unwrap();
     assert!(matches!(w, Nfs3Result::Err((nfsstat3::NFS3ERR_ACCES, _))), "another user's WRITE: {w:?}");
+    // The same for a size change (`ftruncate` on the descriptor the owner opened to write).
+    let resize = |size: u64| SETATTR3args { object: fh.clone(), new_attributes: sattr3 { size: Nfs3Option::Some(size), ..Default::default() }, guard: Nfs3Option::None };
+    let s = bob.setattr(&resize(0)).await.unwrap();
+    assert!(matches!(s, Nfs3Result::Err((nfsstat3::NFS3ERR_ACCES, _))), "another user's SETATTR size: {s:?}");
+    let s = alice.setattr(&resize(7)).await.unwrap();
+    assert!(matches!(s, Nfs3Result::Ok(_)), "the owner's SETATTR size: {s:?}");
+    let s = alice.setattr(&resize(data.len() as u64)).await.unwrap();
+    assert!(matches!(s, Nfs3Result::Ok(_)), "the owner's SETATTR size: {s:?}");
+    let mut data = data;
+    data[7..].fill(0);
     engine.setattr(&sys, a.ino, storage_engine::SetAttr { mode: Some(0o200), ..Default::default() }).unwrap();
     let r = alice.read(&READ3args { file: fh.clone(), offset: 0, count: 10 }).await.unwrap();
     assert!(matches!(r, Nfs3Result::Err((nfsstat3::NFS3ERR_ACCES, _))), "the owner's READ of a 0200 file: {r:?}");

@@ -8,11 +8,11 @@ use bytes::Bytes;
 use russh::server::{Auth, Msg, Session};
 use russh::{Channel, ChannelId};
 use russh_sftp::protocol::{Attrs, ExtendedReply, File, FileAttributes, Handle, Name, OpenFlags, Packet, Status, StatusCode, Version};
-use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ReadBytes, SetAttr, Stability, StatFs, TimeSet};
+use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ReadBytes, SetAttr, Stability, StatFs, TimeSet, civil_from_days};
 use tracing::info;
 
 use crate::serve::data_reply;
-use crate::wire::{CLIENT_PACKET_BYTES_MAX, components, copy_data_args, join, ssh_strings};
+use crate::wire::{CLIENT_PACKET_BYTES_MAX, components, copy_data_args, ids_args, join, names_reply, ssh_strings};
 
 /// Open file and directory handles per SFTP session.
 const HANDLES_MAX: usize = 256;
@@ -293,7 +293,48 @@ fn attrs_of(a: &Attr) -> FileAttributes {
     }
 }
 
-fn longname(name: &str, a: &Attr) -> String {
+/// Account and group names for the entries of one listing or request, each looked up once.
+#[derive(Default)]
+struct OwnerNames {
+    users: HashMap<u32, Option<String>>,
+    groups: HashMap<u32, Option<String>>,
+}
+
+impl OwnerNames {
+    fn user(&mut self, e: &Engine, uid: u32) -> Option<&str> {
+        self.users.entry(uid).or_insert_with(|| e.user_name(uid).ok().flatten()).as_deref()
+    }
+
+    fn group(&mut self, e: &Engine, gid: u32) -> Option<&str> {
+        self.groups.entry(gid).or_insert_with(|| e.group_name(gid).ok().flatten()).as_deref()
+    }
+
+    /// The owner and group of `a` as a listing shows them: by name, or by number where the
+    /// id has none (as `ls -l`).
+    fn shown(&mut self, e: &Engine, a: &Attr) -> (String, String) {
+        let user = self.user(e, a.uid).map_or_else(|| a.uid.to_string(), str::to_owned);
+        let group = self.group(e, a.gid).map_or_else(|| a.gid.to_string(), str::to_owned);
+        (user, group)
+    }
+}
+
+/// A modification time as `ls -l` and OpenSSH's server show it, in UTC: month, day and time
+/// for the last six months, month, day and year otherwise (and for times ahead of `now_s`).
+fn ls_time(mtime_s: i64, now_s: i64) -> String {
+    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    let (year, month, day) = civil_from_days(mtime_s.div_euclid(86_400));
+    let month = MONTHS[month as usize - 1];
+    if now_s - 365 * 86_400 / 2 < mtime_s && mtime_s <= now_s {
+        let secs = mtime_s.rem_euclid(86_400);
+        format!("{month} {day:>2} {:02}:{:02}", secs / 3600, secs % 3600 / 60)
+    } else {
+        format!("{month} {day:>2}  {year}")
+    }
+}
+
+/// An entry's line in a directory listing, as OpenSSH's server writes it (its client's
+/// `ls -l` prints it as it is): mode, links, owner and group by name, size, time, name.
+fn longname(name: &str, a: &Attr, user: &str, group: &str, now_s: i64) -> String {
     let t = match a.kind {
         FileKind::File => '-',
         FileKind::Dir => 'd',
@@ -304,13 +345,20 @@ fn longname(name: &str, a: &Attr) -> String {
         FileKind::BlockDevice => 'b',
     };
     let mut perms = String::new();
-    for shift in [6, 3, 0] {
+    // Owner, group, others; setuid, setgid and sticky show in the execute column (s/S, t/T).
+    for (shift, special, mark) in [(6, 0o4000, 's'), (3, 0o2000, 's'), (0, 0o1000, 't')] {
         let b = (a.mode >> shift) & 7;
         perms.push(if b & 4 != 0 { 'r' } else { '-' });
         perms.push(if b & 2 != 0 { 'w' } else { '-' });
-        perms.push(if b & 1 != 0 { 'x' } else { '-' });
+        perms.push(match (b & 1 != 0, a.mode & special != 0) {
+            (true, true) => mark,
+            (false, true) => mark.to_ascii_uppercase(),
+            (true, false) => 'x',
+            (false, false) => '-',
+        });
     }
-    format!("{t}{perms} {:>3} {:>8} {:>8} {:>12} {name}", a.nlink, a.uid, a.gid, a.size)
+    let time = ls_time(a.mtime_ns.div_euclid(1_000_000_000), now_s);
+    format!("{t}{perms} {:>3} {user:<8} {group:<8} {:>8} {time} {name}", a.nlink, a.size)
 }
 
 fn setattr_of(a: &FileAttributes) -> SetAttr {
@@ -637,8 +685,11 @@ impl russh_sftp::server::Handler for SftpSession {
 
     async fn fsetstat(&mut self, id: u32, handle: String, attrs: FileAttributes) -> Result<Status, Self::Error> {
         let (ino, _) = self.file_ino(&handle)?;
+        // A handle opened to write resizes its file for the owner whatever the mode is by
+        // then, as `ftruncate` on OpenSSH's descriptor (as its WRITEs, `write_as_owner`).
+        let as_owner = self.file_for(&handle, Use::Write).is_ok();
         let set = setattr_of(&attrs);
-        self.run(move |e, c, _| e.setattr(c, ino, set).map(|_| ())).await?;
+        self.run(move |e, c, _| if as_owner { e.setattr_as_owner(c, ino, set) } else { e.setattr(c, ino, set) }.map(|_| ())).await?;
         Ok(ok(id))
     }
 
@@ -661,10 +712,14 @@ impl russh_sftp::server::Handler for SftpSession {
             .run(move |e, c, _| {
                 let page = e.readdir(c, ino, cursor.as_deref(), READDIR_ENTRIES)?;
                 let mut out = Vec::with_capacity(page.entries.len());
+                let mut names = OwnerNames::default();
+                let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
                 for d in page.entries {
                     if let Ok(a) = e.getattr(c, d.ino) {
                         let name = String::from_utf8_lossy(&d.name).into_owned();
-                        out.push(File { longname: longname(&name, &a), filename: name, attrs: attrs_of(&a) });
+                        let (user, group) = names.shown(e, &a);
+                        let longname = longname(&name, &a, &user, &group, now_s);
+                        out.push(File { longname, filename: name, attrs: attrs_of(&a) });
                     }
                 }
                 Ok((out, page.next_cursor))
@@ -803,6 +858,20 @@ impl russh_sftp::server::Handler for SftpSession {
                 Ok(Packet::ExtendedReply(ExtendedReply { id, data }))
             }
             "limits@openssh.com" => Ok(Packet::ExtendedReply(ExtendedReply { id, data: limits_reply() })),
+            // Names for owner and group ids (OpenSSH's client asks for those of a listing it
+            // prints with `ls -l`); an id without a name gets an empty one.
+            "users-groups-by-id@openssh.com" => {
+                let (uids, gids) = ids_args(&data)?;
+                let data = self
+                    .run(move |e, _, _| {
+                        let mut names = OwnerNames::default();
+                        let users: Vec<String> = uids.iter().map(|&u| names.user(e, u).unwrap_or_default().to_owned()).collect();
+                        let groups: Vec<String> = gids.iter().map(|&g| names.group(e, g).unwrap_or_default().to_owned()).collect();
+                        Ok(names_reply(&users, &groups))
+                    })
+                    .await?;
+                Ok(Packet::ExtendedReply(ExtendedReply { id, data }))
+            }
             // Server-side copy (OpenSSH's `cp`): the bytes go from one handle's file to the
             // other's in the engine, never through the client.
             "copy-data" => {
@@ -855,7 +924,7 @@ fn limits_reply() -> Vec<u8> {
 
 /// Extensions offered in the VERSION reply (name, version), as OpenSSH's sftp-server names
 /// them; its client uses each only when offered.
-const EXTENSIONS: [(&str, &str); 7] = [
+const EXTENSIONS: [(&str, &str); 8] = [
     ("posix-rename@openssh.com", "1"),
     ("limits@openssh.com", "1"),
     ("statvfs@openssh.com", "2"),
@@ -863,6 +932,7 @@ const EXTENSIONS: [(&str, &str); 7] = [
     ("hardlink@openssh.com", "1"),
     ("fsync@openssh.com", "1"),
     ("copy-data", "1"),
+    ("users-groups-by-id@openssh.com", "1"),
 ];
 
 /// Bytes a `copy-data` request moves per engine read and write.
@@ -892,3 +962,40 @@ fn statvfs_reply(s: &StatFs) -> Vec<u8> {
     fields.iter().flat_map(|f| f.to_be_bytes()).collect()
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listing_lines_read_as_openssh_writes_them() {
+        let now = 1_765_110_000; // 2025-12-07 12:20:00 UTC
+        assert_eq!(ls_time(now - 3600, now), "Dec  7 11:20");
+        assert_eq!(ls_time(981_201_600, now), "Feb  3  2001");
+        assert_eq!(ls_time(now + 3600, now), "Dec  7  2025", "a time ahead shows its year");
+        assert_eq!(ls_time(now - 200 * 86_400, now), "May 21  2025", "over six months ago");
+        let attr = |kind, mode, nlink, size, mtime_ns| Attr {
+            ino: 9,
+            kind,
+            mode,
+            uid: 1000,
+            gid: 100,
+            nlink,
+            size,
+            atime_ns: 0,
+            mtime_ns,
+            ctime_ns: 0,
+            btime_ns: 0,
+            version: 1,
+            generation: 1,
+            stored_bytes: size,
+            rdev: 0,
+        };
+        let a = attr(FileKind::File, 0o640, 1, 12_345, 981_201_600_000_000_000);
+        assert_eq!(longname("data.bin", &a, "alice", "users", now), "-rw-r-----   1 alice    users       12345 Feb  3  2001 data.bin");
+        let d = attr(FileKind::Dir, 0o1777, 3, 0, (now - 60) * 1_000_000_000);
+        assert_eq!(longname("tmp", &d, "4242", "a-long-group-name", now), "drwxrwxrwt   3 4242     a-long-group-name        0 Dec  7 12:19 tmp");
+        let s = attr(FileKind::File, 0o6644, 1, 0, 0);
+        assert!(longname("s", &s, "u", "g", now).starts_with("-rwSr-Sr-- "), "{}", longname("s", &s, "u", "g", now));
+    }
+}

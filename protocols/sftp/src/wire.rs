@@ -71,12 +71,54 @@ pub(crate) fn ssh_strings<const N: usize>(mut data: &[u8]) -> Result<[String; N]
 
 /// An SSH string (u32 length, UTF-8 bytes) from the front of `data`.
 fn take_string(data: &mut &[u8]) -> Result<String, StatusCode> {
+    String::from_utf8(take_bytes(data)?.to_vec()).map_err(|_| StatusCode::BadMessage)
+}
+
+/// An SSH string's bytes (after its u32 length) from the front of `data`.
+fn take_bytes<'a>(data: &mut &'a [u8]) -> Result<&'a [u8], StatusCode> {
     let len: [u8; 4] = data.get(..4).ok_or(StatusCode::BadMessage)?.try_into().expect("four bytes");
     let n = u32::from_be_bytes(len) as usize;
     let bytes = data.get(4..4usize.saturating_add(n)).ok_or(StatusCode::BadMessage)?;
-    let s = String::from_utf8(bytes.to_vec()).map_err(|_| StatusCode::BadMessage)?;
     *data = &data[4 + n..];
-    Ok(s)
+    Ok(bytes)
+}
+
+/// Most ids of each kind one `users-groups-by-id@openssh.com` request may ask about: OpenSSH's
+/// client asks for the distinct owners and groups of one listing, and the answer (names of up
+/// to 32 bytes) stays well below the largest packet a client takes.
+pub(crate) const NAME_IDS_MAX: usize = 1024;
+
+/// The ids a `users-groups-by-id@openssh.com` request asks about, exactly: a string of packed
+/// uint32 uids, then one of gids. More than [`NAME_IDS_MAX`] of either is refused.
+pub(crate) fn ids_args(data: &[u8]) -> Result<(Vec<u32>, Vec<u32>), StatusCode> {
+    let mut d = data;
+    let mut ids = || -> Result<Vec<u32>, StatusCode> {
+        let packed = take_bytes(&mut d)?;
+        if packed.len() % 4 != 0 {
+            return Err(StatusCode::BadMessage);
+        }
+        if packed.len() / 4 > NAME_IDS_MAX {
+            return Err(StatusCode::Failure);
+        }
+        Ok(packed.chunks_exact(4).map(|b| u32::from_be_bytes(b.try_into().expect("four bytes"))).collect())
+    };
+    let (uids, gids) = (ids()?, ids()?);
+    if !d.is_empty() {
+        return Err(StatusCode::BadMessage);
+    }
+    Ok((uids, gids))
+}
+
+/// The reply to `users-groups-by-id@openssh.com`: a string holding one string per user name,
+/// in the order asked (empty where an id has no name), then the same for groups.
+pub(crate) fn names_reply(users: &[String], groups: &[String]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for names in [users, groups] {
+        let inner: Vec<u8> = names.iter().flat_map(|n| (n.len() as u32).to_be_bytes().into_iter().chain(n.bytes())).collect();
+        out.extend_from_slice(&(inner.len() as u32).to_be_bytes());
+        out.extend_from_slice(&inner);
+    }
+    out
 }
 
 /// A u64 from the front of `data`.
@@ -118,4 +160,42 @@ pub(crate) fn components(path: &str) -> Vec<String> {
 /// The absolute path of normalised components.
 pub(crate) fn join(comps: &[String]) -> String {
     format!("/{}", comps.join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids_request(uids: &[u32], gids: &[u32]) -> Vec<u8> {
+        let mut d = Vec::new();
+        for ids in [uids, gids] {
+            d.extend_from_slice(&(4 * ids.len() as u32).to_be_bytes());
+            ids.iter().for_each(|i| d.extend_from_slice(&i.to_be_bytes()));
+        }
+        d
+    }
+
+    #[test]
+    fn users_groups_by_id_requests_are_read_exactly() {
+        assert_eq!(ids_args(&ids_request(&[0, 1000, u32::MAX], &[100])), Ok((vec![0, 1000, u32::MAX], vec![100])));
+        assert_eq!(ids_args(&ids_request(&[], &[])), Ok((vec![], vec![])));
+        let mut trailing = ids_request(&[1], &[2]);
+        trailing.push(0);
+        assert_eq!(ids_args(&trailing), Err(StatusCode::BadMessage));
+        let mut ragged = ids_request(&[1], &[2]);
+        ragged[3] = 5; // the uids string holds 5 bytes: not whole ids
+        assert_eq!(ids_args(&ragged), Err(StatusCode::BadMessage));
+        assert_eq!(ids_args(&ids_request(&[1], &[])[..6]), Err(StatusCode::BadMessage));
+        let many: Vec<u32> = (0..=NAME_IDS_MAX as u32).collect();
+        assert_eq!(ids_args(&ids_request(&many, &[])), Err(StatusCode::Failure));
+        assert!(ids_args(&ids_request(&many[1..], &many[1..])).is_ok());
+    }
+
+    #[test]
+    fn names_replies_hold_one_string_per_id() {
+        let reply = names_reply(&["alice".into(), String::new()], &["staff".into()]);
+        let want = [&[0, 0, 0, 13][..], &[0, 0, 0, 5], b"alice", &[0, 0, 0, 0], &[0, 0, 0, 9], &[0, 0, 0, 5], b"staff"].concat();
+        assert_eq!(reply, want);
+        assert_eq!(names_reply(&[], &[]), [0u8; 8]);
+    }
 }

@@ -831,10 +831,15 @@ with s.open("/home/rw", "rb") as f:
     assert f.read() == b"rw-data"
 with s.open("/home/rw", "ab") as f:
     refused("READ on a write handle", lambda: s._request(CMD_READ, f.handle, int64(0), 4), 13)
-# A file created read-only is written through the handle that created it, as open(2) allows.
+# A file created read-only is written and resized through the handle that created it, as
+# open(2) and ftruncate(2) allow; not through a handle opened to read.
 with s.open("/home/new-ro", "wb") as f:
     f.chmod(0o444)
-    f.write(b"made read-only")
+    f.write(b"made read-only, then cut")
+    f.flush()
+    f.truncate(14)
+with s.open("/home/ro", "rb") as f:
+    refused("FSETSTAT size through a read handle", lambda: f.truncate(0), 13)
 s.close(); t.close()
 print("modes ok")
 "#;
@@ -843,8 +848,8 @@ print("modes ok")
 /// OpenSSH's server opens files: a file alice may not write is not opened for writing (nor
 /// truncated), a READ through a handle opened to write and a WRITE through one opened to read
 /// are refused, and nothing changes; a file created with a read-only mode, or made read-only
-/// through its handle, is still written through the handle by its owner (OpenSSH's `put` of a
-/// 0444 file sends that mode in its OPEN).
+/// through its handle, is still written and resized through the handle by its owner
+/// (OpenSSH's `put` of a 0444 file sends that mode in its OPEN).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn handles_do_only_what_they_were_opened_for() {
     let dir = tempfile::tempdir().unwrap();
@@ -926,5 +931,64 @@ async fn server_side_copy() {
     let mut want = data.clone();
     want.copy_within(0..100, 200);
     assert_eq!(read_all(&e, "/home/src.bin"), want, "only the copy apart changed the file");
+    server.stop().await;
+}
+
+const LISTING_SCRIPT: &str = r#"
+import struct, sys
+from paramiko.message import Message
+from paramiko.sftp import CMD_EXTENDED, CMD_EXTENDED_REPLY
+t, s = alice_session(int(sys.argv[1]), sys.argv[2])
+for a in s.listdir_attr("/home"):
+    print(a.longname)
+
+def names(blob):
+    m, out = Message(blob), []
+    while m.get_remainder():
+        out.append(m.get_text())
+    return out
+
+kind, reply = s._request(CMD_EXTENDED, "users-groups-by-id@openssh.com", struct.pack(">3I", 1000, 4242, 0), struct.pack(">2I", 1000, 4343))
+assert kind == CMD_EXTENDED_REPLY, kind
+got = (names(reply.get_binary()), names(reply.get_binary()))
+assert got == (["alice", "", "admin"], ["alice", ""]), got
+refused("ids cut short", lambda: s._request(CMD_EXTENDED, "users-groups-by-id@openssh.com", b"\0\0\0", b""), None)
+s.close(); t.close()
+"#;
+
+/// Listings name owners and groups and show times, as OpenSSH's server does: OpenSSH's
+/// `ls -l` (which asks for names with `users-groups-by-id@openssh.com`) and the long names
+/// paramiko gets in a directory's entries both show `alice` for her files, the number for an
+/// id without an account, and the modification date; the extension asked directly names the
+/// ids it can and gives an empty name for the others, and refuses a request cut short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn listings_show_owners_by_name_and_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let sys = Caller::system();
+    let alice = e.authenticate_password("alice", PASSWORD).unwrap();
+    let home = e.resolve(&sys, "/home").unwrap();
+    // Noon UTC, so that the date is the same in any client time zone.
+    let noon = storage_engine::TimeSet::At(981_201_600 * 1_000_000_000);
+    for (name, uid, gid) in [("hers.txt", alice.uid, alice.gid), ("nobodys.txt", 4242, 4343)] {
+        let f = e.create(&sys, home.ino, name.as_bytes(), 0o644, true).unwrap();
+        e.setattr(&sys, f.ino, storage_engine::SetAttr { uid: Some(uid), gid: Some(gid), mtime: Some(noon), ..Default::default() }).unwrap();
+    }
+    let server = Server::start(e.clone(), &dir.path().join("key")).await;
+    let work = tempfile::tempdir().unwrap();
+    let line = |out: &str, name: &str| out.lines().find(|l| l.ends_with(name)).unwrap_or_else(|| panic!("no {name} in {out}")).split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+
+    let out = sftp_batch(server.addr, "alice", PASSWORD, "ls -l /home\n", work.path()).await;
+    assert!(out.status.success(), "sftp ls -l: {}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(line(&stdout, "hers.txt")[2..8], ["alice", "alice", "0", "Feb", "3", "2001"], "{stdout}");
+    assert_eq!(line(&stdout, "nobodys.txt")[2..4], ["4242", "4343"], "{stdout}");
+
+    let script = paramiko_script(work.path(), "listing.py", LISTING_SCRIPT).await;
+    let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into()], "python3 with paramiko").await;
+    assert!(out.status.success(), "paramiko: {}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(line(&stdout, "hers.txt"), ["-rw-r--r--", "1", "alice", "alice", "0", "Feb", "3", "2001", "hers.txt"], "{stdout}");
+    assert_eq!(line(&stdout, "nobodys.txt")[2..4], ["4242", "4343"], "{stdout}");
     server.stop().await;
 }

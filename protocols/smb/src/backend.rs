@@ -442,6 +442,7 @@ impl ShareBackend for EngineShare {
             is_dir: attr.kind == FileKind::Dir,
             case_sensitive: true,
             wrote: AtomicBool::new(false),
+            writes_as_owner: opts.write,
             opened_by: smb_server::request_identity(),
             ahead: tokio::sync::Mutex::new(ReadAhead::default()),
             ahead_bytes: self.ahead_bytes.clone(),
@@ -584,6 +585,11 @@ struct EngineHandle {
     is_dir: bool,
     case_sensitive: bool,
     wrote: AtomicBool,
+    /// The open was granted write access: its owner writes and resizes the file through it
+    /// whatever the mode is by then, as on Windows and Samba, where access is checked once, at
+    /// open. A client that copies a read-only file creates it with FILE_ATTRIBUTE_READONLY and
+    /// writes its bytes after (Windows' CopyFile; the Linux client's `cp` of a 0444 file).
+    writes_as_owner: bool,
     /// The session identity of the open: a delete-on-close completed by this handle's close
     /// runs as it, also at connection teardown.
     opened_by: Option<Identity>,
@@ -752,11 +758,20 @@ impl EngineHandle {
         // Unstable: collected in the engine's write buffer and flushed in whole stripes; FLUSH
         // (fsync on the client) commits, CLOSE flushes. A write that only adds to the buffer
         // is done here, without a trip to a blocking thread.
-        if self.engine.try_write_buffered(&self.caller, self.ino, offset, &data).map_err(smb_error)? {
+        let buffered = if self.writes_as_owner {
+            self.engine.try_write_buffered_as_owner(&self.caller, self.ino, offset, &data)
+        } else {
+            self.engine.try_write_buffered(&self.caller, self.ino, offset, &data)
+        };
+        if buffered.map_err(smb_error)? {
             return Ok(n);
         }
         let data = data.into_owned();
-        self.with(move |e, c, ino| e.write(c, ino, offset, &data, Stability::Unstable)).await?;
+        let as_owner = self.writes_as_owner;
+        self.with(move |e, c, ino| {
+            if as_owner { e.write_as_owner(c, ino, offset, &data, Stability::Unstable) } else { e.write(c, ino, offset, &data, Stability::Unstable) }
+        })
+        .await?;
         Ok(n)
     }
 
@@ -934,7 +949,13 @@ impl Handle for EngineHandle {
 
     async fn truncate(&self, len: u64) -> SmbResult<()> {
         self.ahead.lock().await.clear();
-        self.with(move |e, c, ino| e.setattr(c, ino, SetAttr { size: Some(len), ..Default::default() })).await.map(|_| ())
+        let as_owner = self.writes_as_owner;
+        self.with(move |e, c, ino| {
+            let set = SetAttr { size: Some(len), ..Default::default() };
+            if as_owner { e.setattr_as_owner(c, ino, set) } else { e.setattr(c, ino, set) }
+        })
+        .await
+        .map(|_| ())
     }
 
     async fn list_dir(&self, pattern: Option<&str>) -> SmbResult<Vec<DirEntry>> {
@@ -1115,6 +1136,7 @@ mod tests {
             is_dir: false,
             case_sensitive: true,
             wrote: AtomicBool::new(false),
+            writes_as_owner: true,
             opened_by: None,
             ahead: tokio::sync::Mutex::new(ReadAhead::default()),
             ahead_bytes: budget.clone(),
@@ -1292,6 +1314,40 @@ mod tests {
         admin.set_unix_security(UnixSecurityChange { uid: Some(1001), gid: Some(7), ..Default::default() }).await.unwrap();
         let a = engine.getattr(&sys, f.ino).unwrap();
         assert_eq!((a.uid, a.gid), (1001, 7));
+        engine.shutdown().unwrap();
+    }
+
+    /// A handle opened for writing lets the file's owner write and resize it after it became
+    /// read-only (FILE_ATTRIBUTE_READONLY at create, or a chmod since); a handle opened only
+    /// to read, and another user's handle, do not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_handle_lets_the_owner_write_a_file_made_read_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(storage_engine::EngineConfig::with_file_drives(dir.path(), 6, 64 << 20, 4, 2)).unwrap();
+        let sys = Caller::system();
+        let f = engine.create(&sys, storage_engine::ROOT_INO, b"f", 0o444, true).unwrap();
+        engine.setattr(&sys, f.ino, SetAttr { uid: Some(1000), gid: Some(100), ..Default::default() }).unwrap();
+        let alice = Caller { user: "alice".into(), uid: 1000, gid: 100, groups: vec![], role: storage_engine::Role::User };
+        let budget = Arc::new(AtomicUsize::new(0));
+        let mut writer = handle(&engine, f.ino, &budget);
+        writer.caller = alice.clone();
+        writer.write(0, b"copied ").await.unwrap();
+        writer.write_owned(7, vec![b'x'; 2 << 20]).await.unwrap();
+        writer.truncate(10).await.unwrap();
+        writer.flush().await.unwrap();
+        assert_eq!(engine.read(&sys, f.ino, 0, 100).unwrap(), b"copied xxx");
+
+        let mut reader = handle(&engine, f.ino, &budget);
+        reader.caller = alice;
+        reader.writes_as_owner = false;
+        assert!(matches!(reader.write(0, b"y").await, Err(SmbError::AccessDenied)));
+        assert!(matches!(reader.truncate(0).await, Err(SmbError::AccessDenied)));
+        let mut other = handle(&engine, f.ino, &budget);
+        other.caller = Caller { user: "bob".into(), uid: 1001, gid: 100, groups: vec![], role: storage_engine::Role::User };
+        assert!(matches!(other.write(0, b"y").await, Err(SmbError::AccessDenied)));
+        assert!(matches!(other.truncate(0).await, Err(SmbError::AccessDenied)));
+        let a = engine.getattr(&sys, f.ino).unwrap();
+        assert_eq!((a.size, a.mode & 0o777), (10, 0o444));
         engine.shutdown().unwrap();
     }
 

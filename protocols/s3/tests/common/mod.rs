@@ -174,16 +174,7 @@ pub fn amz_now() -> (String, String) {
 pub fn amz_ago(ago: i64) -> (String, String) {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_secs() as i64 - ago;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (y, m, d) = storage_engine::civil_from_days(days);
     let day = format!("{y:04}{m:02}{d:02}");
     (format!("{day}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60), day)
 }

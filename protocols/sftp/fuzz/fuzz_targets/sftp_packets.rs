@@ -98,6 +98,37 @@ fn paths(request: &Packet) {
                     assert_eq!(again, p.data, "copy-data's fields do not make up its data");
                 }
             }
+            // Two strings of packed ids, exactly; the reply holds a name for each id asked.
+            "users-groups-by-id@openssh.com" => {
+                if let Ok((uids, gids)) = wire::ids_args(&p.data) {
+                    assert!(uids.len() <= wire::NAME_IDS_MAX && gids.len() <= wire::NAME_IDS_MAX);
+                    let mut again = Vec::new();
+                    for ids in [&uids, &gids] {
+                        again.extend_from_slice(&(4 * ids.len() as u32).to_be_bytes());
+                        ids.iter().for_each(|i| again.extend_from_slice(&i.to_be_bytes()));
+                    }
+                    assert_eq!(again, p.data, "the ids do not make up the data");
+                    let users: Vec<String> = uids.iter().map(|u| if u % 2 == 0 { format!("user{u}") } else { String::new() }).collect();
+                    let groups: Vec<String> = gids.iter().map(|g| format!("g{g}")).collect();
+                    let reply = wire::names_reply(&users, &groups);
+                    let take = |d: &mut &[u8]| -> Vec<u8> {
+                        let n = u32::from_be_bytes(d[..4].try_into().expect("a length")) as usize;
+                        let s = d[4..4 + n].to_vec();
+                        *d = &d[4 + n..];
+                        s
+                    };
+                    let mut r = &reply[..];
+                    for names in [&users, &groups] {
+                        let list = take(&mut r);
+                        let mut l = &list[..];
+                        for n in names {
+                            assert_eq!(take(&mut l), n.as_bytes(), "a name in the reply");
+                        }
+                        assert!(l.is_empty(), "more names than ids");
+                    }
+                    assert!(r.is_empty(), "bytes after the names");
+                }
+            }
             _ => {
                 if let Ok([a, b]) = wire::ssh_strings::<2>(&p.data) {
                     path(&a);
