@@ -16,6 +16,28 @@ pub const SEND_QUEUE_FRAMES: usize = 256;
 /// Requests a peer may have in flight on one connection; more are answered with an error.
 pub const REQUESTS_IN_FLIGHT_MAX: usize = 64;
 
+/// A frame's body is read into memory that grows with the bytes that arrived, from this much
+/// on: a peer that announces a 64 MiB frame and sends a few bytes holds a few bytes.
+const BODY_PIECE_BYTES: usize = 1 << 20;
+
+/// Reads a frame body of `len` bytes. The buffer grows as the bytes arrive, doubling (so each
+/// byte is copied about once), to at most twice what was received and never past `len`; a
+/// connection that ends first is an error.
+pub(crate) async fn read_body<R: AsyncRead + Unpin>(rd: &mut R, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut body: Vec<u8> = Vec::with_capacity(len.min(BODY_PIECE_BYTES));
+    while body.len() < len {
+        if body.len() == body.capacity() {
+            let grown = (body.capacity() * 2).max(BODY_PIECE_BYTES).min(len);
+            body.reserve_exact(grown - body.len());
+        }
+        let room = (body.capacity() - body.len()).min(len - body.len());
+        if (&mut *rd).take(room as u64).read_buf(&mut body).await? == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("{} of {len} bytes", body.len())));
+        }
+    }
+    Ok(body)
+}
+
 pub type Handler = Arc<dyn Fn(Request) -> futures_like::BoxFuture<Response> + Send + Sync>;
 pub type PushHandler = Arc<dyn Fn(Vec<(u64, u64)>) + Send + Sync>;
 
@@ -82,8 +104,7 @@ impl Conn {
                     if len > FRAME_BYTES_MAX {
                         return Err(format!("frame length {len} over the {FRAME_BYTES_MAX}-byte maximum"));
                     }
-                    let mut body = vec![0u8; len as usize];
-                    rd.read_exact(&mut body).await.map_err(|e| format!("connection lost mid-frame: {e}"))?;
+                    let body = read_body(&mut rd, len as usize).await.map_err(|e| format!("connection lost mid-frame: {e}"))?;
                     match decode(&body)? {
                         Frame::Response { id, body } => {
                             if let Some(w) = pending.lock().remove(&id) {
@@ -166,5 +187,39 @@ impl Conn {
         self.closed.store(true, Ordering::Relaxed);
         let _ = self.shutdown.send(true);
         self.pending.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reader that hands out what it holds a few bytes at a time, then ends.
+    struct Trickle(Vec<u8>, usize);
+
+    impl AsyncRead for Trickle {
+        fn poll_read(mut self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
+            let n = self.0.len().min(self.1).min(buf.remaining());
+            let rest = self.0.split_off(n);
+            buf.put_slice(&std::mem::replace(&mut self.0, rest));
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn bodies_are_read_whole_and_never_held_past_their_length() {
+        for (len, piece) in [(0usize, 7usize), (1, 1), (1000, 7), (BODY_PIECE_BYTES + 1, 65_536), (3 * BODY_PIECE_BYTES + 5, 100_000)] {
+            let data: Vec<u8> = (0..len + 10).map(|i| (i % 251) as u8).collect();
+            let mut r = Trickle(data.clone(), piece);
+            let body = read_body(&mut r, len).await.unwrap();
+            assert_eq!(body, data[..len], "len {len}");
+            assert!(body.capacity() <= len.max(1), "len {len}: capacity {}", body.capacity());
+            assert_eq!(r.0, data[len..], "len {len}: read past the body");
+        }
+        // A frame announced at the largest size whose peer sends little and goes away.
+        let mut r = Trickle(vec![1; 3000], 512);
+        let e = read_body(&mut r, FRAME_BYTES_MAX as usize).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+        assert!(e.to_string().contains("3000 of"), "{e}");
     }
 }
