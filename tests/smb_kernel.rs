@@ -35,14 +35,16 @@ const PJDFSTEST_TIMEOUT_S: u64 = 900;
 const ALICE_PASSWORD: &str = "alice-password-1";
 
 /// Makes the user alice and a directory `/alice` she owns (chown over SFTP: SMB without
-/// POSIX extensions sets no owners).
-fn alice_with_a_directory(d: &Daemon, work: &Path) {
+/// POSIX extensions sets no owners); returns her uid.
+fn alice_with_a_directory(d: &Daemon, work: &Path) -> u64 {
     let c = d.client();
     let r = c.post(d.url("/api/v1/users")).basic_auth("admin", Some(ADMIN_PASSWORD)).json(&serde_json::json!({"name": "alice", "password": ALICE_PASSWORD})).send().unwrap();
     assert!(r.status().is_success(), "create alice: {}", r.status());
     let user: serde_json::Value = c.get(d.url("/api/v1/users/alice")).basic_auth("admin", Some(ADMIN_PASSWORD)).send().unwrap().json().unwrap();
-    let o = sftp_as(d, "admin", ADMIN_PASSWORD, &format!("mkdir /alice\nchown {} /alice\n", user["uid"]), work);
+    let uid = user["uid"].as_u64().unwrap();
+    let o = sftp_as(d, "admin", ADMIN_PASSWORD, &format!("mkdir /alice\nchown {uid} /alice\n"), work);
     assert!(o.status.success(), "mkdir and chown /alice: {}", String::from_utf8_lossy(&o.stderr));
+    uid
 }
 
 /// Starts the daemon with its SMB service on `smb_port`, so a restart keeps the guest's mount.
@@ -64,7 +66,7 @@ fn kernel_cifs_client_reads_writes_and_survives_a_restart() {
     let port = free_port();
     let data = work.path().join("data");
     let d = start_daemon(&data, port);
-    alice_with_a_directory(&d, work.path());
+    let alice_uid = alice_with_a_directory(&d, work.path());
     let from_host = bytes(FROM_HOST_SEED, FROM_HOST_BYTES);
     // The restart comes while the guest holds the mount and an open file: the client has to
     // reconnect to the new process, set its session up again and reopen the file.
@@ -82,6 +84,8 @@ fn kernel_cifs_client_reads_writes_and_survives_a_restart() {
     // alice's copy of a read-only file: whole, read-only, hers.
     assert_eq!(rest_file(&d, "alice/ro-copy.txt").unwrap(), b"read-only source\n");
     assert_eq!(rest_dir(&d, "alice")["ro-copy.txt"]["mode"].as_u64().unwrap() & 0o777, 0o444);
+    let head = d.client().head(d.url("/api/v1/files/alice/ro-copy.txt")).basic_auth("admin", Some(ADMIN_PASSWORD)).send().unwrap();
+    assert_eq!(head.headers()["x-aquifer-uid"].to_str().unwrap(), alice_uid.to_string());
     for gone in ["kc/Renamed.tmp", "kc/held.txt"] {
         assert!(rest_file(&d, gone).is_none(), "{gone} should be gone");
     }
