@@ -378,6 +378,12 @@ pub(crate) fn check(caller: &Caller, rec: &InodeRec, mask: u32) -> Result<()> {
     if may(caller, rec, mask) { Ok(()) } else { Err(Error::PermissionDenied) }
 }
 
+/// Write permission on a file's data; with `owner_override`, its owner has it whatever the
+/// mode (`Engine::write_as_owner`, `Engine::setattr_as_owner`).
+fn check_write(caller: &Caller, rec: &InodeRec, owner_override: bool) -> Result<()> {
+    if owner_override && caller.uid == rec.uid { Ok(()) } else { check(caller, rec, W) }
+}
+
 /// Sticky directories let only the owner of an entry (or of the directory) remove it.
 pub(crate) fn sticky_ok(caller: &Caller, dir: &InodeRec, victim: &InodeRec) -> bool {
     dir.mode & 0o1000 == 0 || caller.uid == 0 || caller.uid == dir.uid || caller.uid == victim.uid
@@ -1991,9 +1997,7 @@ impl Engine {
                 FileKind::File => {}
                 k => return Err(Error::InvalidArgument(format!("truncate of a special file ({k:?})"))),
             }
-            if !(owner_override && caller.uid == rec.uid) {
-                check(caller, &rec, W)?;
-            }
+            check_write(caller, &rec, owner_override)?;
             if size > FILE_BYTES_MAX {
                 return Err(Error::FileTooLarge);
             }
@@ -2217,9 +2221,7 @@ impl Engine {
             // reappear later.
             let rec = self.load(ino)?;
             if rec.kind == FileKind::File {
-                if !(owner_override && caller.uid == rec.uid) {
-                    check(caller, &rec, W)?;
-                }
+                check_write(caller, &rec, owner_override)?;
                 self.flush(ino, false)?;
             }
         }
@@ -2367,9 +2369,7 @@ impl Engine {
             FileKind::Symlink => return Err(Error::InvalidArgument("write to a symlink".into())),
             k => return Err(Error::InvalidArgument(format!("write to a special file ({k:?})"))),
         }
-        if !(owner_override && caller.uid == rec.uid) {
-            check(caller, &rec, W)?;
-        }
+        check_write(caller, &rec, owner_override)?;
         if offset.checked_add(len as u64).is_none_or(|e| e > FILE_BYTES_MAX) {
             return Err(Error::FileTooLarge);
         }

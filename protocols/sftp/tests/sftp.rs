@@ -148,6 +148,13 @@ async fn paramiko_script(dir: &Path, name: &str, text: &str) -> PathBuf {
     script
 }
 
+/// Runs a paramiko script (helpers prepended) against `addr` as alice: its arguments are the
+/// port and her password.
+async fn run_paramiko(dir: &Path, name: &str, text: &str, addr: SocketAddr) -> Output {
+    let script = paramiko_script(dir, name, text).await;
+    run("python3", vec![script.display().to_string(), addr.port().to_string(), PASSWORD.into()], "python3 with paramiko").await
+}
+
 fn read_all(e: &Engine, path: &str) -> Vec<u8> {
     let c = Caller::system();
     let a = e.resolve(&c, path).expect("resolve");
@@ -389,8 +396,7 @@ async fn openssh_extensions_posix_rename_statvfs_hardlink_fsync() {
     let sys = Caller::system();
     let fs = e.statfs(&sys).unwrap();
 
-    let script = paramiko_script(work.path(), "ext.py", EXTENSIONS_SCRIPT).await;
-    let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into()], "python3 with paramiko").await;
+    let out = run_paramiko(work.path(), "ext.py", EXTENSIONS_SCRIPT, server.addr).await;
     assert!(out.status.success(), "paramiko: {}", show(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     let f: Vec<u64> = text.lines().find_map(|l| l.strip_prefix("statvfs ")).expect("statvfs line").split(' ').map(|v| v.parse().unwrap()).collect();
@@ -547,8 +553,7 @@ async fn chroot_confines_paths_symlinks_and_writes() {
 
     let server = Server::start(e.clone(), &dir.path().join("key")).await;
     let work = tempfile::tempdir().unwrap();
-    let script = paramiko_script(work.path(), "chroot.py", CHROOT_SCRIPT).await;
-    let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into()], "python3 with paramiko").await;
+    let out = run_paramiko(work.path(), "chroot.py", CHROOT_SCRIPT, server.addr).await;
     assert!(out.status.success(), "paramiko: {}", show(&out));
     assert_eq!(read_all(&e, "/home/jail/escape.txt"), b"inside");
     assert_eq!(read_all(&e, "/home/jail/renamed.txt"), b"in");
@@ -874,8 +879,7 @@ async fn handles_do_only_what_they_were_opened_for() {
     assert_eq!(read_all(&e, "/home/ro.bin"), data);
     let a = e.resolve(&Caller::system(), "/home/ro.bin").unwrap();
     assert_eq!(a.mode & 0o777, 0o444);
-    let script = paramiko_script(work.path(), "modes.py", HANDLE_MODES_SCRIPT).await;
-    let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into()], "python3 with paramiko").await;
+    let out = run_paramiko(work.path(), "modes.py", HANDLE_MODES_SCRIPT, server.addr).await;
     assert!(out.status.success(), "paramiko: {}", show(&out));
     assert_eq!(read_all(&e, "/home/ro"), b"read-only");
     assert_eq!(read_all(&e, "/home/rw"), b"rw-data");
@@ -925,8 +929,7 @@ async fn server_side_copy() {
     assert!(out.status.success(), "sftp cp: {}", show(&out));
     assert_eq!(read_all(&e, "/home/copy.bin"), data, "cp copied every byte");
 
-    let script = paramiko_script(work.path(), "copydata.py", COPY_DATA_SCRIPT).await;
-    let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into()], "python3 with paramiko").await;
+    let out = run_paramiko(work.path(), "copydata.py", COPY_DATA_SCRIPT, server.addr).await;
     assert!(out.status.success(), "paramiko: {}", show(&out));
     let mut want = data.clone();
     want.copy_within(0..100, 200);
@@ -984,8 +987,7 @@ async fn listings_show_owners_by_name_and_times() {
     assert_eq!(line(&stdout, "hers.txt")[2..8], ["alice", "alice", "0", "Feb", "3", "2001"], "{stdout}");
     assert_eq!(line(&stdout, "nobodys.txt")[2..4], ["4242", "4343"], "{stdout}");
 
-    let script = paramiko_script(work.path(), "listing.py", LISTING_SCRIPT).await;
-    let out = run("python3", vec![script.display().to_string(), server.addr.port().to_string(), PASSWORD.into()], "python3 with paramiko").await;
+    let out = run_paramiko(work.path(), "listing.py", LISTING_SCRIPT, server.addr).await;
     assert!(out.status.success(), "paramiko: {}", show(&out));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(line(&stdout, "hers.txt"), ["-rw-r--r--", "1", "alice", "alice", "0", "Feb", "3", "2001", "hers.txt"], "{stdout}");
