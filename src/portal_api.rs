@@ -20,6 +20,7 @@ pub struct FabricEntry {
     pub lease_ms: Option<u64>,
     pub cache_bytes_max: Option<u64>,
     pub free_percent_min: Option<u8>,
+    pub connections_max: Option<usize>,
 }
 
 /// The default fabric listener of the embedded single node.
@@ -37,6 +38,7 @@ pub fn config(data_dir: &Path, file: &FabricEntry, listen: Option<SocketAddr>, r
         lease_ms: file.lease_ms.unwrap_or(fabric::LEASE_MS_DEFAULT),
         cache_bytes_max: file.cache_bytes_max.unwrap_or(u64::MAX),
         free_percent_min: file.free_percent_min.unwrap_or(10),
+        connections_max: file.connections_max.unwrap_or(fabric::CONNECTIONS_MAX_DEFAULT),
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
 use crate::proto::*;
 
@@ -20,10 +20,22 @@ pub const REQUESTS_IN_FLIGHT_MAX: usize = 64;
 /// on: a peer that announces a 64 MiB frame and sends a few bytes holds a few bytes.
 const BODY_PIECE_BYTES: usize = 1 << 20;
 
+/// Waits for `io`, at most `idle` when given: a peer that sends nothing for that long is an
+/// error of kind `TimedOut`.
+async fn within<T>(idle: Option<Duration>, io: impl Future<Output = std::io::Result<T>>) -> std::io::Result<T> {
+    match idle {
+        Some(d) => tokio::time::timeout(d, io)
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("nothing from the peer for {} ms", d.as_millis())))),
+        None => io.await,
+    }
+}
+
 /// Reads a frame body of `len` bytes. The buffer grows as the bytes arrive, doubling (so each
 /// byte is copied about once), to at most twice what was received and never past `len`; a
-/// connection that ends first is an error.
-pub(crate) async fn read_body<R: AsyncRead + Unpin>(rd: &mut R, len: usize) -> std::io::Result<Vec<u8>> {
+/// connection that ends first is an error, and so is one that sends nothing for `idle`
+/// (a slow body is fine as long as bytes keep coming).
+pub(crate) async fn read_body<R: AsyncRead + Unpin>(rd: &mut R, len: usize, idle: Option<Duration>) -> std::io::Result<Vec<u8>> {
     let mut body: Vec<u8> = Vec::with_capacity(len.min(BODY_PIECE_BYTES));
     while body.len() < len {
         if body.len() == body.capacity() {
@@ -31,7 +43,7 @@ pub(crate) async fn read_body<R: AsyncRead + Unpin>(rd: &mut R, len: usize) -> s
             body.reserve_exact(grown - body.len());
         }
         let room = (body.capacity() - body.len()).min(len - body.len());
-        if (&mut *rd).take(room as u64).read_buf(&mut body).await? == 0 {
+        if within(idle, (&mut *rd).take(room as u64).read_buf(&mut body)).await? == 0 {
             return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("{} of {len} bytes", body.len())));
         }
     }
@@ -43,6 +55,16 @@ pub type PushHandler = Arc<dyn Fn(Vec<(u64, u64)>) + Send + Sync>;
 
 pub mod futures_like {
     pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+}
+
+/// What bounds a connection besides its peer.
+#[derive(Default)]
+pub struct Limits {
+    /// Close the connection once the peer has sent nothing for this long (counted from each
+    /// wait for the next frame, and within a frame from the last bytes that arrived).
+    pub idle: Option<Duration>,
+    /// Kept until the connection stops reading (a hub counts its connections with these).
+    pub hold: Vec<OwnedSemaphorePermit>,
 }
 
 /// A live connection. Dropping every clone closes it.
@@ -58,8 +80,9 @@ pub struct Conn {
 
 impl Conn {
     /// Runs a connection over `stream`: incoming requests go to `handler` (none: refused),
-    /// invalidations to `on_push`. Returns once the reader and writer tasks are started.
-    pub fn spawn<S>(stream: S, handler: Option<Handler>, on_push: Option<PushHandler>, peer_fingerprint: Option<String>) -> Conn
+    /// invalidations to `on_push`, within `limits`. Returns once the reader and writer tasks
+    /// are started.
+    pub fn spawn<S>(stream: S, handler: Option<Handler>, on_push: Option<PushHandler>, peer_fingerprint: Option<String>, limits: Limits) -> Conn
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
@@ -76,11 +99,15 @@ impl Conn {
         };
         let closed = conn.closed.clone();
         let mut stop_w = stop_rx.clone();
+        // Dropped when the reader stops: the writer then stops too, and the socket closes
+        // (the peer went away, broke the protocol or fell idle).
+        let (reading, mut reader_gone) = oneshot::channel::<()>();
         tokio::spawn(async move {
             loop {
                 let buf = tokio::select! {
                     b = rx.recv() => match b { Some(b) => b, None => break },
                     _ = stop_w.changed() => break,
+                    _ = &mut reader_gone => break,
                 };
                 if wr.write_all(&buf).await.is_err() {
                     break;
@@ -92,19 +119,26 @@ impl Conn {
         let pending = conn.pending.clone();
         let closed = conn.closed.clone();
         let in_flight = Arc::new(AtomicU64::new(0));
+        let Limits { idle, hold } = limits;
         let mut stop_r = stop_rx;
         tokio::spawn(async move {
+            let _hold = (hold, reading);
             let reader = async {
                 loop {
                     let mut len = [0u8; 4];
-                    if rd.read_exact(&mut len).await.is_err() {
-                        return Ok(());
+                    match within(idle, rd.read_exact(&mut len)).await {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                            tracing::info!("fabric connection closed: {e}");
+                            return Ok(());
+                        }
+                        Err(_) => return Ok(()),
                     }
                     let len = u32::from_be_bytes(len);
                     if len > FRAME_BYTES_MAX {
                         return Err(format!("frame length {len} over the {FRAME_BYTES_MAX}-byte maximum"));
                     }
-                    let body = read_body(&mut rd, len as usize).await.map_err(|e| format!("connection lost mid-frame: {e}"))?;
+                    let body = read_body(&mut rd, len as usize, idle).await.map_err(|e| format!("connection lost mid-frame: {e}"))?;
                     match decode(&body)? {
                         Frame::Response { id, body } => {
                             if let Some(w) = pending.lock().remove(&id) {
@@ -211,15 +245,35 @@ mod tests {
         for (len, piece) in [(0usize, 7usize), (1, 1), (1000, 7), (BODY_PIECE_BYTES + 1, 65_536), (3 * BODY_PIECE_BYTES + 5, 100_000)] {
             let data: Vec<u8> = (0..len + 10).map(|i| (i % 251) as u8).collect();
             let mut r = Trickle(data.clone(), piece);
-            let body = read_body(&mut r, len).await.unwrap();
+            let body = read_body(&mut r, len, None).await.unwrap();
             assert_eq!(body, data[..len], "len {len}");
             assert!(body.capacity() <= len.max(1), "len {len}: capacity {}", body.capacity());
             assert_eq!(r.0, data[len..], "len {len}: read past the body");
         }
         // A frame announced at the largest size whose peer sends little and goes away.
         let mut r = Trickle(vec![1; 3000], 512);
-        let e = read_body(&mut r, FRAME_BYTES_MAX as usize).await.unwrap_err();
+        let e = read_body(&mut r, FRAME_BYTES_MAX as usize, None).await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
         assert!(e.to_string().contains("3000 of"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_stops_arriving_is_an_error_after_the_idle_limit() {
+        let (mut near, mut far) = tokio::io::duplex(1 << 16);
+        far.write_all(&[7; 1000]).await.unwrap();
+        // `far` stays open and sends nothing more.
+        let t = std::time::Instant::now();
+        let e = read_body(&mut near, 5000, Some(Duration::from_millis(200))).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        assert!(t.elapsed() >= Duration::from_millis(200));
+        // Without a limit it waits on; bytes that arrive finish it.
+        let more = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            far.write_all(&[8; 100]).await.unwrap();
+            far
+        });
+        let body = read_body(&mut near, 100, None).await.unwrap();
+        assert_eq!(body, [8; 100]);
+        drop(more.await.unwrap());
     }
 }

@@ -41,6 +41,16 @@ pub const LEASE_MS_DEFAULT: u64 = 10_000;
 pub const CALL_TIMEOUT_MS: u64 = 30_000;
 /// Longest wait between reconnection attempts.
 const RECONNECT_BACKOFF_MAX_MS: u64 = 2_000;
+/// Connections a hub serves at once, by default (`FabricConfig::connections_max`); more wait
+/// in the listen backlog.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
+/// Connections at once from certificates that no portal on this hub names (clusters about to
+/// propose one, or strangers: they may only propose). More are closed after the handshake.
+pub const STRANGER_CONNECTIONS_MAX: usize = 64;
+/// A hub closes a connection whose peer sent nothing for this many leases. Spokes renew
+/// every third of a lease, so only a peer that is gone (a half-open connection after a cut)
+/// or that holds a connection without using it reaches it.
+pub const IDLE_LEASES: u64 = 3;
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -107,6 +117,8 @@ pub struct FabricConfig {
     pub cache_bytes_max: u64,
     /// Spoke cache: evict while less than this share of capacity is free.
     pub free_percent_min: u8,
+    /// Hub: connections served at once (default [`CONNECTIONS_MAX_DEFAULT`]).
+    pub connections_max: usize,
 }
 
 /// A request to create a portal on the spoke.
@@ -230,17 +242,34 @@ impl Fabric {
             let acceptor = Arc::new(fabric.identity.acceptor()?);
             let f = fabric.clone();
             let mut stop = fabric.stop.subscribe();
+            let all = Arc::new(tokio::sync::Semaphore::new(cfg.connections_max.max(1)));
+            let strangers = Arc::new(tokio::sync::Semaphore::new(STRANGER_CONNECTIONS_MAX));
             tokio::spawn(async move {
                 loop {
+                    // A connection is accepted only with a place free; the others wait in the
+                    // listen backlog.
+                    let permit = tokio::select! {
+                        p = all.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+                        _ = stop.changed() => return,
+                    };
                     let accepted = tokio::select! {
                         a = l.accept() => a,
                         _ = stop.changed() => return,
                     };
-                    let Ok((sock, peer)) = accepted else { continue };
+                    let (sock, peer) = match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            // Out of descriptors, say: waiting lets connections close.
+                            tracing::warn!(error = %e, "fabric listener: accept failed");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    };
                     let f = f.clone();
                     let acceptor = acceptor.clone();
+                    let strangers = strangers.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = f.serve_peer(sock, &acceptor).await {
+                        if let Err(e) = f.serve_peer(sock, &acceptor, permit, &strangers).await {
                             tracing::info!(%peer, error = %e, "fabric peer refused");
                         }
                     });
@@ -329,6 +358,9 @@ impl Fabric {
         if let Some(run) = self.spokes.read().get(&r.id) {
             v["lease_remaining_ms"] = run.portal.lease_remaining_ms().into();
             v["connected"] = run.link.conn.read().as_ref().is_some_and(|c| !c.is_closed()).into();
+            // Connections made to the hub since the daemon started: more than one means the
+            // link was lost and made again.
+            v["connects"] = run.link.epoch.load(Ordering::Relaxed).into();
             v["cached_bytes"] = run.portal.cached_bytes().into();
             v["stats"] = run.portal.stats.to_json();
         }
@@ -348,7 +380,16 @@ impl Fabric {
 
     // ------------------------------------------------------------ hub side
 
-    async fn serve_peer(self: Arc<Self>, sock: TcpStream, acceptor: &openssl::ssl::SslAcceptor) -> anyhow::Result<()> {
+    /// Serves one accepted connection, which holds `permit` (one of the hub's places) for as
+    /// long as it is open; a certificate that no portal on this hub names also takes one of
+    /// `strangers`, or is refused when none is free.
+    async fn serve_peer(
+        self: Arc<Self>,
+        sock: TcpStream,
+        acceptor: &openssl::ssl::SslAcceptor,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        strangers: &Arc<tokio::sync::Semaphore>,
+    ) -> anyhow::Result<()> {
         sock.set_nodelay(true)?;
         let ssl = openssl::ssl::Ssl::new(acceptor.context())?;
         let mut stream = tokio_openssl::SslStream::new(ssl, sock)?;
@@ -357,6 +398,16 @@ impl Fabric {
             .map_err(|_| anyhow!("TLS handshake timed out"))?
             .map_err(|e| anyhow!("TLS handshake failed: {e}"))?;
         let fp = stream.ssl().peer_certificate().map(|c| tls::fingerprint(&c)).ok_or_else(|| anyhow!("no client certificate"))?;
+        let mut hold = vec![permit];
+        let me = self.clone();
+        let fp2 = fp.clone();
+        let known = tokio::task::spawn_blocking(move || me.records().is_ok_and(|rs| rs.iter().any(|r| r.side == Side::Hub && r.peer_fingerprint == fp2))).await?;
+        if !known {
+            let Ok(p) = strangers.clone().try_acquire_owned() else {
+                bail!("{STRANGER_CONNECTIONS_MAX} connections from certificates that no portal names are open already");
+            };
+            hold.push(p);
+        }
         let served: Arc<Mutex<Option<Arc<HubService>>>> = Arc::new(Mutex::new(None));
         let me = self.clone();
         let fp2 = fp.clone();
@@ -370,7 +421,8 @@ impl Fabric {
             let conn_slot = conn_slot2.clone();
             Box::pin(async move { me.hub_request(&fp, &served, &conn_slot, req).await })
         });
-        let conn = Conn::spawn(stream, Some(handler), None, Some(fp));
+        let idle = Some(Duration::from_millis(self.cfg.lease_ms.saturating_mul(IDLE_LEASES)));
+        let conn = Conn::spawn(stream, Some(handler), None, Some(fp), conn::Limits { idle, hold });
         *conn_slot.lock() = Some(conn);
         Ok(())
     }
@@ -427,7 +479,11 @@ impl Fabric {
                 ));
                 *served.lock() = Some(svc.clone());
                 if let Some(conn) = conn_slot.lock().clone() {
-                    self.hub_conns.lock().entry(r.id.clone()).or_default().push(conn.clone());
+                    let mut conns = self.hub_conns.lock();
+                    let live = conns.entry(r.id.clone()).or_default();
+                    live.retain(|c| !c.is_closed());
+                    live.push(conn.clone());
+                    drop(conns);
                     self.spawn_invalidations(svc, conn);
                 }
                 Response::Welcome { hub_region: self.cfg.region.clone(), lease_ms: self.cfg.lease_ms }
@@ -558,7 +614,7 @@ impl Fabric {
                 bail!("the hub at {addr} presented certificate {fp}, not the pinned {p}");
             }
         }
-        Ok(Conn::spawn(stream, None, on_push, Some(fp)))
+        Ok(Conn::spawn(stream, None, on_push, Some(fp), conn::Limits::default()))
     }
 
     /// Spoke: proposes a portal to a hub and starts running it (pending until authorized).

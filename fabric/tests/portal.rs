@@ -39,26 +39,35 @@ impl Drop for Node {
 }
 
 async fn start_fabric(engine: Arc<Engine>, dir: &std::path::Path, region: &str) -> Arc<Fabric> {
+    start_fabric_with(engine, dir, region, LEASE_MS, fabric::CONNECTIONS_MAX_DEFAULT).await
+}
+
+async fn start_fabric_with(engine: Arc<Engine>, dir: &std::path::Path, region: &str, lease_ms: u64, connections_max: usize) -> Arc<Fabric> {
     let cfg = FabricConfig {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         listen_required: true,
         region: region.into(),
         name: format!("test-{region}"),
         identity_dir: dir.join("fabric"),
-        lease_ms: LEASE_MS,
+        lease_ms,
         cache_bytes_max: u64::MAX,
         free_percent_min: 0,
+        connections_max,
     };
     Fabric::start(engine, cfg).await.unwrap()
 }
 
 async fn node(region: &str) -> Node {
+    node_with(region, LEASE_MS, fabric::CONNECTIONS_MAX_DEFAULT).await
+}
+
+async fn node_with(region: &str, lease_ms: u64, connections_max: usize) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = EngineConfig::with_file_drives(dir.path(), 6, 96 << 20, 4, 2);
     cfg.argon2_memory_kib = 8;
     cfg.admin_password = Some("fabric-test-pw".into());
     let engine = tokio::task::spawn_blocking(move || Engine::open(cfg)).await.unwrap().unwrap();
-    let fabric = start_fabric(engine.clone(), dir.path(), region).await;
+    let fabric = start_fabric_with(engine.clone(), dir.path(), region, lease_ms, connections_max).await;
     Node { engine, fabric, dir, region: region.into() }
 }
 
@@ -440,12 +449,7 @@ async fn residency_certificates_and_bad_input_are_refused() {
     let mut buf = [0u8; 64];
     let _ = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.expect("garbage connection closed");
     for payload in [vec![0xff, 0xff, 0xff, 0xff], vec![0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8]] {
-        let id = fabric::tls::Identity::generate("stranger").unwrap();
-        let connector = id.connector().unwrap();
-        let ssl = connector.configure().unwrap().verify_hostname(false).into_ssl("aquifer").unwrap();
-        let sock = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let mut tls = tokio_openssl::SslStream::new(ssl, sock).unwrap();
-        std::pin::Pin::new(&mut tls).connect().await.unwrap();
+        let mut tls = tls_to(addr, &fabric::tls::Identity::generate("stranger").unwrap()).await;
         tls.write_all(&payload).await.unwrap();
         tls.flush().await.unwrap();
         let n = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buf)).await.expect("closed after bad frames");
@@ -457,4 +461,117 @@ async fn residency_certificates_and_bad_input_are_refused() {
     assert_eq!(get(&hub.engine, "/open/z").await.unwrap(), b"z");
     impostor.shutdown();
     hub.fabric.shutdown();
+}
+
+type TlsStream = tokio_openssl::SslStream<tokio::net::TcpStream>;
+
+/// A TLS connection to a fabric listener with `id`'s certificate, handshake done; nothing sent.
+async fn tls_to(addr: SocketAddr, id: &fabric::tls::Identity) -> TlsStream {
+    let ssl = id.connector().unwrap().configure().unwrap().verify_hostname(false).into_ssl("aquifer").unwrap();
+    let sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut tls = tokio_openssl::SslStream::new(ssl, sock).unwrap();
+    std::pin::Pin::new(&mut tls).connect().await.unwrap();
+    tls
+}
+
+/// Whether the other end closed `s` within `wait` (a read ends or fails; what arrives
+/// before, such as change notices, is read past).
+async fn closed_within(s: &mut TlsStream, wait: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let until = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(until, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_hub_bounds_its_connections_and_closes_idle_ones() {
+    // Lease 3 s: connections idle for 9 s are closed; the spoke renews every second.
+    const HUB_LEASE_MS: u64 = 3000;
+    const PLACES: usize = 72;
+    let idle = Duration::from_millis(HUB_LEASE_MS * fabric::IDLE_LEASES);
+    let hub = node_with("eu", HUB_LEASE_MS, PLACES).await;
+    let spoke = node("eu").await;
+    put(&hub.engine, "/open/y", b"y".to_vec()).await.unwrap();
+    let addr = hub.fabric.local_addr().unwrap();
+    let id = portal(&hub, &spoke, addr, "/open", "/mnt/open", "ro").await;
+    assert_eq!(get(&spoke.engine, "/mnt/open/y").await.unwrap(), b"y");
+    let hub_connections = || hub.fabric.describe(&hub.fabric.record(&id).unwrap())["connections"].as_u64().unwrap();
+    let connects = || spoke.fabric.describe(&spoke.fabric.record(&id).unwrap())["connects"].as_u64().unwrap();
+    assert_eq!((hub_connections(), connects()), (1, 1));
+    let started = Instant::now();
+
+    // Certificates that no portal names: 64 connections at once; the next is closed right
+    // after its handshake, long before the idle limit.
+    let stranger = fabric::tls::Identity::generate("stranger").unwrap();
+    let mut strangers = Vec::new();
+    for _ in 0..fabric::STRANGER_CONNECTIONS_MAX {
+        strangers.push(tls_to(addr, &stranger).await);
+    }
+    let mut one_more = tls_to(addr, &stranger).await;
+    assert!(closed_within(&mut one_more, idle / 3).await, "a stranger past the cap was served");
+    assert!(!closed_within(&mut strangers[0], Duration::from_millis(100)).await, "a stranger within the cap was closed");
+
+    // The spoke's certificate is known: its connections take the places left (72 less the
+    // 64 strangers and the portal's own connection), and the next one waits in the backlog
+    // until a place frees.
+    let known = fabric::tls::Identity::load_or_create(&spoke.dir.path().join("fabric"), "test-eu").unwrap();
+    assert_eq!(known.fingerprint, spoke.fabric.fingerprint());
+    let mut known_conns = Vec::new();
+    for _ in 0..PLACES - fabric::STRANGER_CONNECTIONS_MAX - 1 {
+        known_conns.push(tls_to(addr, &known).await);
+    }
+    // One of them says Hello for the portal, as a spoke reconnecting would, and then nothing.
+    {
+        use fabric::proto::{Frame, PROTOCOL_VERSION, Request, Response, decode, encode};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let s = &mut known_conns[0];
+        s.write_all(&encode(&Frame::Request { id: 1, body: Request::Hello { version: PROTOCOL_VERSION, portal: id.clone() } })).await.unwrap();
+        s.flush().await.unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).await.unwrap();
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).await.unwrap();
+        assert!(matches!(decode(&body), Ok(Frame::Response { id: 1, body: Response::Welcome { .. } })), "{:?}", decode(&body));
+        assert_eq!(hub_connections(), 2);
+    }
+    let waiting = tokio::spawn({
+        let known = fabric::tls::Identity::load_or_create(&spoke.dir.path().join("fabric"), "test-eu").unwrap();
+        async move { tls_to(addr, &known).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!waiting.is_finished(), "a connection past the hub's places was served");
+    // The portal works on through its connection meanwhile.
+    // (the hub's change notice reaches the spoke shortly after the file is made).
+    put(&hub.engine, "/open/z", b"z".to_vec()).await.unwrap();
+    let t = Instant::now();
+    while get(&spoke.engine, "/mnt/open/z").await.ok().as_deref() != Some(b"z") {
+        assert!(t.elapsed() < Duration::from_secs(3), "a new hub file not seen through the portal");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(strangers.pop());
+    let mut late = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("served once a place freed").unwrap();
+    assert!(started.elapsed() < idle, "the test was too slow to tell the cap from the idle limit");
+
+    // Connections that send nothing are closed after the idle limit; the portal's, which
+    // renews its lease, stays.
+    for s in strangers.iter_mut().chain(known_conns.iter_mut()) {
+        assert!(closed_within(s, idle + Duration::from_secs(5)).await, "an idle connection was kept");
+    }
+    wait_for("the hub to drop the silent spoke connection", || hub_connections() == 1).await;
+    assert!(started.elapsed() >= idle);
+    assert!(closed_within(&mut late, idle + Duration::from_secs(5)).await, "an idle connection was kept");
+    assert_eq!(hub.fabric.record(&id).unwrap().state, PortalState::Active);
+    assert_eq!(spoke.fabric.record(&id).unwrap().state, PortalState::Active);
+    assert_eq!((hub_connections(), connects()), (1, 1), "the portal's connection was closed");
+    // Places are free again: a new stranger is served (and proposes nothing).
+    let mut again = tls_to(addr, &stranger).await;
+    assert!(!closed_within(&mut again, Duration::from_millis(500)).await);
+    hub.fabric.shutdown();
+    spoke.fabric.shutdown();
 }
