@@ -158,15 +158,31 @@ struct TlsLink {
     conn: RwLock<Option<Conn>>,
     epoch: AtomicU64,
     rt: tokio::runtime::Handle,
+    /// Requests in flight to the hub at once: one less than the hub takes on a connection
+    /// ([`conn::REQUESTS_IN_FLIGHT_MAX`]; it refuses the rest), the one left for lease
+    /// renewals, which never wait for a place. Reads, prefetches and listings past it wait
+    /// for an answer to another.
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl TlsLink {
+    fn new(rt: tokio::runtime::Handle) -> TlsLink {
+        TlsLink { conn: RwLock::new(None), epoch: AtomicU64::new(0), rt, slots: Arc::new(tokio::sync::Semaphore::new(conn::REQUESTS_IN_FLIGHT_MAX - 1)) }
+    }
 }
 
 impl Link for TlsLink {
     fn call(&self, req: Request) -> Result<Response, String> {
         let conn = self.conn.read().clone().ok_or("not connected")?;
+        let slots = (!matches!(req, Request::Renew)).then(|| self.slots.clone());
         // Engine hooks run on blocking threads; waiting on a channel (not `block_on`) also
         // keeps a caller that is, wrongly, on a runtime thread from panicking.
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.rt.spawn(async move {
+            let _slot = match slots {
+                Some(s) => Some(s.acquire_owned().await.expect("the semaphore is never closed")),
+                None => None,
+            };
             let _ = tx.send(conn.call(req, Duration::from_millis(CALL_TIMEOUT_MS)).await);
         });
         rx.recv().map_err(|_| "the fabric runtime stopped".to_string())?
@@ -706,7 +722,7 @@ impl Fabric {
         };
         let clock: Arc<dyn storage_engine::Clock> = Arc::new(storage_engine::SystemClock);
         let portal = SpokePortal::new(self.engine.clone(), settings, clock, Some(spawner));
-        let link = Arc::new(TlsLink { conn: RwLock::new(None), epoch: AtomicU64::new(0), rt: self.rt.clone() });
+        let link = Arc::new(TlsLink::new(self.rt.clone()));
         portal.set_link(Some(link.clone()));
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let run = Arc::new(SpokeRun { portal, link, stop });

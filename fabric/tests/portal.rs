@@ -575,3 +575,36 @@ async fn the_hub_bounds_its_connections_and_closes_idle_ones() {
     hub.fabric.shutdown();
     spoke.fabric.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_readers_at_once_through_a_distant_portal() {
+    // More concurrent reads of files not yet cached than the hub takes requests in flight on
+    // one connection (as a data loader with many workers does), over a 30 ms link: every
+    // read gets its bytes; the spoke queues what the connection cannot carry yet.
+    const FILES: usize = 3 * fabric::conn::REQUESTS_IN_FLIGHT_MAX / 2;
+    let hub = node("eu").await;
+    let spoke = node("eu").await;
+    let files: Vec<Vec<u8>> = (0..FILES).map(|i| random((1 << 20) + i * 100, 100 + i as u64)).collect();
+    for (i, f) in files.iter().enumerate() {
+        put(&hub.engine, &format!("/shards/s{i:03}"), f.clone()).await.unwrap();
+    }
+    let wan = WanEmulator::start(WanConfig { delay: Duration::from_millis(30), ..WanConfig::new("127.0.0.1:0".parse().unwrap(), hub.fabric.local_addr().unwrap()) })
+        .await
+        .unwrap();
+    portal(&hub, &spoke, wan.local_addr(), "/shards", "/mnt/shards", "ro").await;
+    assert_eq!(list(&spoke.engine, "/mnt/shards").await.unwrap().len(), FILES);
+    let reads: Vec<_> = (0..FILES)
+        .map(|i| {
+            let e = spoke.engine.clone();
+            tokio::spawn(async move { get(&e, &format!("/mnt/shards/s{i:03}")).await })
+        })
+        .collect();
+    for (i, r) in reads.into_iter().enumerate() {
+        match r.await.unwrap() {
+            Ok(data) => assert!(data == files[i], "s{i:03}: other bytes"),
+            Err(e) => panic!("s{i:03}: {e}"),
+        }
+    }
+    hub.fabric.shutdown();
+    spoke.fabric.shutdown();
+}
