@@ -608,3 +608,38 @@ async fn many_readers_at_once_through_a_distant_portal() {
     hub.fabric.shutdown();
     spoke.fabric.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_writers_at_once_through_a_distant_portal() {
+    // Whole-file writes of 96 new files at once through a read-write portal over a 30 ms
+    // link: each is answered once the hub has it, and the hub has every byte.
+    const FILES: usize = 96;
+    let hub = node("eu").await;
+    let spoke = node("eu").await;
+    put(&hub.engine, "/out/keep", b"k".to_vec()).await.unwrap();
+    let wan = WanEmulator::start(WanConfig { delay: Duration::from_millis(30), ..WanConfig::new("127.0.0.1:0".parse().unwrap(), hub.fabric.local_addr().unwrap()) })
+        .await
+        .unwrap();
+    portal(&hub, &spoke, wan.local_addr(), "/out", "/mnt/out", "rw").await;
+    assert_eq!(list(&spoke.engine, "/mnt/out").await.unwrap().len(), 1);
+    let files: Vec<Vec<u8>> = (0..FILES).map(|i| random((1 << 20) + i * 100, 500 + i as u64)).collect();
+    let writes: Vec<_> = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let e = spoke.engine.clone();
+            let f = f.clone();
+            tokio::spawn(async move { put(&e, &format!("/mnt/out/w{i:03}"), f).await })
+        })
+        .collect();
+    for (i, w) in writes.into_iter().enumerate() {
+        if let Err(e) = w.await.unwrap() {
+            panic!("w{i:03}: {e}");
+        }
+    }
+    for (i, f) in files.iter().enumerate() {
+        assert!(get(&hub.engine, &format!("/out/w{i:03}")).await.unwrap() == *f, "w{i:03} on the hub");
+    }
+    hub.fabric.shutdown();
+    spoke.fabric.shutdown();
+}
