@@ -6,10 +6,10 @@ set -euo pipefail
 # Tests drive real clients: awscli, rclone and s3cmd (S3), libnfs-utils (NFSv3), OpenSSH sftp with
 # sshpass (SFTP), smbclient (SMB); samba's smbd and smbtorture (samba-testsuite) for the SMB
 # conformance and benchmark scripts; python3 with boto3, paramiko, minio and
-# s3torchconnectorclient.
+# s3torchconnectorclient; Chromium driven by playwright-core (node) as a web page's S3 client.
 want=(build-essential pkg-config libclang-dev clang curl ca-certificates fio iperf3
       awscli rclone s3cmd libnfs-utils openssh-client sshpass python3
-      smbclient samba samba-testsuite)
+      smbclient samba samba-testsuite chromium nodejs)
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -52,5 +52,14 @@ if [[ ! -f "$minio_dir/minio-$minio_version/tests/functional/tests.py" ]]; then
     python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
         -d "$minio_dir" "minio==$minio_version"
     tar -xzf "$minio_dir/minio-$minio_version.tar.gz" -C "$minio_dir"
+fi
+# playwright-core only (it downloads no browser): it drives the Chromium installed above
+# (protocols/s3/tests/clients/browser_cors.mjs).
+playwright_version=1.65.2
+node_dir=/var/cache/aquifer-node
+if ! grep -qs "\"version\": \"$playwright_version\"" "$node_dir/node_modules/playwright-core/package.json"; then
+    echo "installing playwright-core@$playwright_version into $node_dir"
+    mkdir -p "$node_dir"
+    (cd "$node_dir" && npm install --silent --no-audit --no-fund "playwright-core@$playwright_version")
 fi
 command -v cargo >/dev/null || { echo "cargo (Rust 1.95) is required" >&2; exit 1; }

@@ -29,6 +29,7 @@
 
 mod acl;
 mod auth;
+mod cors;
 mod error;
 mod form;
 mod keys;

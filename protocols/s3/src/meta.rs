@@ -27,6 +27,7 @@ pub const XATTR_TAGS: &[u8] = b"aquifer.s3.tags";
 pub const XATTR_PUBLIC_READ: &[u8] = b"aquifer.s3.public-read";
 pub const XATTR_POLICY: &[u8] = b"aquifer.s3.policy";
 pub const XATTR_LIFECYCLE: &[u8] = b"aquifer.s3.lifecycle";
+pub const XATTR_CORS: &[u8] = b"aquifer.s3.cors";
 pub const XATTR_ACL: &[u8] = b"aquifer.s3.acl";
 pub const XATTR_VERSIONING: &[u8] = b"aquifer.s3.versioning";
 pub const XATTR_PARTS: &[u8] = b"aquifer.s3.parts";

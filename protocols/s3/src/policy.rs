@@ -583,6 +583,8 @@ pub fn action_of(op: &str) -> String {
         "GetBucketPolicyStatus" => "s3:GetBucketPolicyStatus",
         "GetBucketLifecycleConfiguration" => "s3:GetLifecycleConfiguration",
         "PutBucketLifecycleConfiguration" | "DeleteBucketLifecycle" => "s3:PutLifecycleConfiguration",
+        "GetBucketCors" => "s3:GetBucketCORS",
+        "PutBucketCors" | "DeleteBucketCors" => "s3:PutBucketCORS",
         "GetBucketVersioning" => "s3:GetBucketVersioning",
         "PutBucketVersioning" => "s3:PutBucketVersioning",
         "DeleteBucket" => "s3:DeleteBucket",

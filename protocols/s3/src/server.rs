@@ -31,6 +31,8 @@ struct RequestIds {
     domain: Option<Arc<crate::vhost::Domain>>,
     /// How long a request body may go without a byte ([`IdleLimited`]).
     body_idle: Duration,
+    /// For buckets' CORS configurations ([`crate::cors`]).
+    engine: Arc<Engine>,
 }
 
 impl hyper::service::Service<http::Request<hyper::body::Incoming>> for RequestIds {
@@ -43,6 +45,24 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for RequestId
         if let Some(ip) = self.peer {
             req.extensions_mut().insert(PeerAddr(ip));
         }
+        // Browsers' cross-origin requests: a preflight is answered here, others get the
+        // bucket's CORS headers added to their answer.
+        let origin = req.headers().get(http::header::ORIGIN).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let cors_bucket = if origin.is_some() || method == http::Method::OPTIONS { request_bucket(&req, self.domain.as_deref()) } else { None };
+        if method == http::Method::OPTIONS
+            && let Some(bucket) = cors_bucket.clone()
+        {
+            let h = req.headers();
+            let asked_method = h.get(http::header::ACCESS_CONTROL_REQUEST_METHOD).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let asked_headers = crate::cors::requested_headers(h.get(http::header::ACCESS_CONTROL_REQUEST_HEADERS).and_then(|v| v.to_str().ok()));
+            let engine = self.engine.clone();
+            return Box::pin(async move {
+                let mut resp = preflight(engine, bucket, origin, asked_method, asked_headers).await;
+                tag_response(&mut resp, &new_request_id());
+                Ok(resp)
+            });
+        }
+        let engine = self.engine.clone();
         let body_may_be_unread = http1_with_body(&req);
         let form_bucket = crate::post::form_upload_bucket(&req, self.domain.as_deref());
         let idle = self.body_idle;
@@ -75,10 +95,91 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for RequestId
                     resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
                 }
             }
+            if let (Some(origin), Some(bucket)) = (origin, cors_bucket)
+                && let Some(cfg) = bucket_cors(engine, bucket).await.ok().flatten()
+                && let Some(rule) = crate::cors::find(&cfg, &origin, method.as_str(), &[])
+            {
+                add_headers(&mut resp, crate::cors::response_headers(rule, &origin, None));
+            }
             unquote_etag(&mut resp);
             tag_response(&mut resp, &id);
             Ok(resp)
         })
+    }
+}
+
+/// The bucket a request addresses: by its Host under the virtual-host domain, else the first
+/// component of its path.
+fn request_bucket<B>(req: &http::Request<B>, domain: Option<&crate::vhost::Domain>) -> Option<String> {
+    if let Some(domain) = domain {
+        let host = req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).or(req.uri().host());
+        if let Some(bucket) = host.and_then(|h| domain.bucket_of(h)) {
+            return Some(bucket);
+        }
+    }
+    let first = req.uri().path().strip_prefix('/')?.split('/').next()?;
+    let bucket = urlencoding::decode(first).ok()?;
+    (!bucket.is_empty()).then(|| bucket.into_owned())
+}
+
+/// A bucket's CORS configuration: `Ok(None)` when it has none, `Err` when there is no such
+/// bucket.
+async fn bucket_cors(engine: Arc<Engine>, bucket: String) -> Result<Option<s3s::dto::CORSConfiguration>, ()> {
+    tokio::task::spawn_blocking(move || {
+        let sys = storage_engine::Caller::system();
+        let b = engine.lookup(&sys, storage_engine::ROOT_INO, bucket.as_bytes()).map_err(|_| ())?;
+        if b.kind != storage_engine::FileKind::Dir {
+            return Err(());
+        }
+        match engine.getxattr(&sys, b.ino, crate::meta::XATTR_CORS) {
+            Ok(v) => Ok(crate::cors::decode(&v)),
+            Err(_) => Ok(None),
+        }
+    })
+    .await
+    .map_err(|_| ())?
+}
+
+fn add_headers(resp: &mut s3s::HttpResponse, headers: Vec<(http::HeaderName, String)>) {
+    for (name, value) in headers {
+        if let Ok(v) = http::HeaderValue::from_str(&value) {
+            resp.headers_mut().insert(name, v);
+        }
+    }
+}
+
+/// The answer to a CORS preflight (`OPTIONS`) for `bucket`, as S3 gives it (module
+/// [`crate::cors`]).
+async fn preflight(engine: Arc<Engine>, bucket: String, origin: Option<String>, method: Option<String>, headers: Vec<String>) -> s3s::HttpResponse {
+    let refuse = |status: u16, code: &str, msg: &str| {
+        let mut resp = error_response(&s3s::S3Error::with_message(s3s::S3ErrorCode::Custom(code.to_string().into()), msg.to_string()));
+        *resp.status_mut() = http::StatusCode::from_u16(status).expect("a status");
+        resp
+    };
+    let Some(origin) = origin else {
+        return refuse(400, "BadRequest", "Insufficient information. Origin request header needed.");
+    };
+    let Some(method) = method else {
+        return refuse(400, "BadRequest", "Invalid Access-Control-Request-Method: null");
+    };
+    let cfg = match bucket_cors(engine, bucket).await {
+        Err(()) => return error_response(&s3s::S3Error::with_message(s3s::S3ErrorCode::NoSuchBucket, "The specified bucket does not exist")),
+        Ok(None) => return refuse(403, "AccessForbidden", "CORSResponse: CORS is not enabled for this bucket."),
+        Ok(Some(cfg)) => cfg,
+    };
+    let asked: Vec<&str> = headers.iter().map(String::as_str).collect();
+    match crate::cors::find(&cfg, &origin, &method, &asked) {
+        Some(rule) => {
+            let mut resp = http::Response::new(s3s::Body::empty());
+            resp.headers_mut().insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(0));
+            add_headers(&mut resp, crate::cors::response_headers(rule, &origin, Some(&asked)));
+            resp
+        }
+        None => refuse(
+            403,
+            "AccessForbidden",
+            "CORSResponse: This CORS request is not allowed. This is usually because the evaluation of Origin, request method / Access-Control-Request-Method or Access-Control-Request-Headers are not allowed by the resource's CORS spec.",
+        ),
     }
 }
 
@@ -328,6 +429,7 @@ pub async fn serve(
             peer: None,
             domain: domain.map(Arc::new),
             body_idle: Duration::from_millis(opts.body_idle_timeout_ms.unwrap_or(BODY_IDLE_TIMEOUT_MS)),
+            engine: engine.clone(),
         }
     };
     // Lifecycle rules are carried out by the S3 listener's own task, which ends with it.

@@ -19,6 +19,7 @@ use storage_engine::{Attr, Caller, Engine, Error, FileKind, FillBuf, FoundVersio
 
 use crate::acl::{self, Acl, GrantHeaders, Perm};
 use crate::auth::{AclWriter, PerKeyPolicy, PolicyGrant, Requester, SourceGrant, caller_of, load_acl};
+use crate::cors;
 use crate::lifecycle;
 use crate::policy::Policy;
 use crate::error::{Missing, internal, map_err};
@@ -2065,6 +2066,34 @@ impl S3 for AquiferS3 {
         let caller = self.caller(&req)?;
         set_bucket_setting(self.engine.clone(), caller, req.input.bucket, "lifecycle configuration", XATTR_LIFECYCLE, None).await?;
         Ok(S3Response::new(DeleteBucketLifecycleOutput::default()))
+    }
+
+    async fn get_bucket_cors(&self, req: S3Request<GetBucketCorsInput>) -> S3Result<S3Response<GetBucketCorsOutput>> {
+        let caller = self.caller(&req)?;
+        let stored = bucket_setting(self.engine.clone(), caller, req.input.bucket, "CORS configuration", XATTR_CORS).await?;
+        let v = stored.ok_or_else(|| err(S3ErrorCode::NoSuchCORSConfiguration, "The CORS configuration does not exist"))?;
+        let cfg = cors::decode(&v).ok_or_else(|| internal("stored CORS configuration does not parse"))?;
+        Ok(S3Response::new(GetBucketCorsOutput { cors_rules: Some(cfg.cors_rules) }))
+    }
+
+    /// Checks the configuration as S3 does (`cors::check`) and stores it; a refused one
+    /// changes nothing. Browsers' requests are checked against it by the listener.
+    async fn put_bucket_cors(&self, req: S3Request<PutBucketCorsInput>) -> S3Result<S3Response<PutBucketCorsOutput>> {
+        let caller = self.caller(&req)?;
+        let input = req.input;
+        cors::check(&input.cors_configuration)?;
+        let doc = cors::encode(&input.cors_configuration);
+        if doc.len() > storage_engine::XATTR_VALUE_BYTES_MAX {
+            return Err(err(S3ErrorCode::InvalidArgument, "the CORS configuration is too large to store"));
+        }
+        set_bucket_setting(self.engine.clone(), caller, input.bucket, "CORS configuration", XATTR_CORS, Some(doc)).await?;
+        Ok(S3Response::new(PutBucketCorsOutput::default()))
+    }
+
+    async fn delete_bucket_cors(&self, req: S3Request<DeleteBucketCorsInput>) -> S3Result<S3Response<DeleteBucketCorsOutput>> {
+        let caller = self.caller(&req)?;
+        set_bucket_setting(self.engine.clone(), caller, req.input.bucket, "CORS configuration", XATTR_CORS, None).await?;
+        Ok(S3Response::new(DeleteBucketCorsOutput::default()))
     }
 
     async fn get_object_acl(&self, req: S3Request<GetObjectAclInput>) -> S3Result<S3Response<GetObjectAclOutput>> {

@@ -19,8 +19,14 @@ fn require(cmd: &str, args: &[&str], install: &str) {
 }
 
 async fn run(s: &Server, program: &str, args: &[&str]) {
+    run_with(s, program, args, &[]).await
+}
+
+/// [`run`], with more variables in the client's environment.
+async fn run_with(s: &Server, program: &str, args: &[&str], env: &[(&str, &str)]) {
     let out = tokio::process::Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .env("ENDPOINT", s.endpoint())
         .env("ACCESS", &s.access)
         .env("SECRET", &s.secret)
@@ -37,6 +43,22 @@ async fn boto3_suite_passes() {
     require("python3", &["-c", "import boto3"], "boto3 (pip install boto3)");
     let s = start().await;
     run(&s, "python3", &[script("boto3_suite.py").to_str().unwrap()]).await;
+    s.stop().await;
+}
+
+/// Where scripts/deps.sh installs playwright-core, which drives Chromium.
+const PLAYWRIGHT_DIR: &str = "/var/cache/aquifer-node";
+
+/// Chromium as a web page's S3 client: the bucket's CORS rules decide, in the browser, which
+/// page may upload and read (clients/browser_cors.py).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_pages_get_what_bucket_cors_rules_allow() {
+    require("python3", &["-c", "import boto3"], "boto3 (pip install boto3)");
+    require("chromium", &["--version"], "Chromium (apt-get install chromium)");
+    let probe = format!("require('module').createRequire('{PLAYWRIGHT_DIR}/')('playwright-core')");
+    require("node", &["-e", &probe], &format!("playwright-core (npm install playwright-core in {PLAYWRIGHT_DIR}; scripts/deps.sh does)"));
+    let s = start().await;
+    run_with(&s, "python3", &[script("browser_cors.py").to_str().unwrap()], &[("PLAYWRIGHT_DIR", PLAYWRIGHT_DIR)]).await;
     s.stop().await;
 }
 
