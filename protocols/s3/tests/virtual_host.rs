@@ -42,6 +42,22 @@ async fn virtual_host_and_path_style_requests_reach_the_same_objects() {
     // A bucket that does not exist, virtual-host style.
     let (st, body) = call(format!("nothere.{DOMAIN}:{port}"), "GET", "/k", &[], b"").await;
     assert_eq!((st, error_code(&body)), (404, "NoSuchBucket"), "{body}");
+    // CORS: a preflight addressed virtual-host style is matched against that bucket's rules
+    // (the path `/cats/tom.jpg` names no bucket `cats`).
+    let cors = "<CORSConfiguration><CORSRule><AllowedOrigin>https://app.test</AllowedOrigin><AllowedMethod>GET</AllowedMethod></CORSRule></CORSConfiguration>";
+    assert_eq!(s.call("PUT", "/photos", &[("cors", "")], cors.as_bytes().to_vec()).await.0, 200);
+    let preflight = |host: String, path: &str| {
+        client
+            .request(reqwest::Method::OPTIONS, format!("http://{host}{path}"))
+            .header("Origin", "https://app.test")
+            .header("Access-Control-Request-Method", "GET")
+            .send()
+    };
+    let res = preflight(vhost.clone(), "/cats/tom.jpg").await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers().get("access-control-allow-origin").unwrap(), "https://app.test");
+    assert_eq!(preflight(format!("{DOMAIN}:{port}"), "/photos/cats/tom.jpg").await.unwrap().status(), 200, "path style through the domain");
+    assert_eq!(preflight(format!("nothere.{DOMAIN}:{port}"), "/cats/tom.jpg").await.unwrap().status(), 404);
     s.stop().await;
 }
 
