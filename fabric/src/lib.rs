@@ -437,7 +437,7 @@ impl Fabric {
             let conn_slot = conn_slot2.clone();
             Box::pin(async move { me.hub_request(&fp, &served, &conn_slot, req).await })
         });
-        let idle = Some(Duration::from_millis(self.cfg.lease_ms.saturating_mul(IDLE_LEASES)));
+        let idle = Some(Duration::from_millis(self.cfg.lease_ms.saturating_mul(IDLE_LEASES).max(1_000)));
         let conn = Conn::spawn(stream, Some(handler), None, Some(fp), conn::Limits { idle, hold });
         *conn_slot.lock() = Some(conn);
         Ok(())
