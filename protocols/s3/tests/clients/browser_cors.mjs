@@ -4,7 +4,8 @@
 //
 //   node browser_cors.mjs '{"chromium": PATH, "pages": [{"origin": URL, "calls": [CALL...]}]}'
 //
-// A CALL is {"url", "method", "headers", "body"}; the answer printed (JSON, one list per
+// A CALL is {"url", "method", "headers", "body"}, or {"url", "method", "form", "file"} for
+// a form upload (multipart fields, then the file); the answer printed (JSON, one list per
 // page) is {"status", "etag", "text"} for a call the browser let through, or {"blocked": msg}
 // where it refused the page the answer. PLAYWRIGHT_DIR names the directory whose
 // node_modules hold playwright-core.
@@ -28,7 +29,14 @@ try {
       const res = [];
       for (const c of calls) {
         try {
-          const r = await fetch(c.url, { method: c.method, headers: c.headers || {}, body: c.body, cache: 'no-store' });
+          let body = c.body;
+          if (c.form) {
+            // A browser upload form: its fields, then the file.
+            body = new FormData();
+            for (const [k, v] of Object.entries(c.form)) body.append(k, v);
+            body.append('file', new Blob([c.file], { type: 'text/plain' }), 'from-form.txt');
+          }
+          const r = await fetch(c.url, { method: c.method, headers: c.headers || {}, body, cache: 'no-store' });
           res.push({ status: r.status, etag: r.headers.get('etag'), text: await r.text() });
         } catch (e) {
           res.push({ blocked: String(e) });

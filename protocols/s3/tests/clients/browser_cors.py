@@ -1,5 +1,6 @@
 """A web page as an S3 client in Chromium: a bucket's CORS configuration lets a page from one
-origin upload with a presigned PUT and read the object back (its ETag exposed to the page),
+origin upload with a presigned PUT and with a browser upload form (presigned POST) and read
+the object back (its ETag exposed to the page),
 while a page from another origin, or a request with a header no rule allows, is stopped by
 the browser at the preflight and nothing is written. boto3 sets the bucket up and checks
 what the server holds. Exits non-zero on the first failed check."""
@@ -58,7 +59,7 @@ s3.put_object(Bucket="web", Key="shown.txt", Body=b"for the page")
 assert code(lambda: s3.get_bucket_cors(Bucket="web")) == "NoSuchCORSConfiguration"
 rules = [{
     "AllowedOrigins": [allowed],
-    "AllowedMethods": ["GET", "PUT", "HEAD"],
+    "AllowedMethods": ["GET", "PUT", "HEAD", "POST"],
     "AllowedHeaders": ["content-type"],
     "ExposeHeaders": ["ETag"],
     "MaxAgeSeconds": 0,
@@ -77,6 +78,10 @@ get_url = s3.generate_presigned_url("get_object", Params={"Bucket": "web", "Key"
 shown_url = s3.generate_presigned_url("get_object", Params={"Bucket": "web", "Key": "shown.txt"}, ExpiresIn=600)
 sneaky_url = s3.generate_presigned_url("put_object", Params={"Bucket": "web", "Key": "up/sneaky.txt"}, ExpiresIn=600)
 other_url = s3.generate_presigned_url("put_object", Params={"Bucket": "web", "Key": "up/other.txt", "ContentType": "text/plain"}, ExpiresIn=600)
+# A browser upload form (presigned POST): a simple request, no preflight; the page reads the
+# answer only with the rule's headers.
+post = s3.generate_presigned_post("web", "forms/${filename}", Fields={"success_action_status": "201"},
+                                  Conditions=[{"success_action_status": "201"}, ["starts-with", "$key", "forms/"]], ExpiresIn=600)
 
 spec = {
     "chromium": os.environ.get("CHROMIUM", "/usr/bin/chromium"),
@@ -86,6 +91,7 @@ spec = {
             {"url": get_url, "method": "GET"},
             # A header no rule allows: the preflight is refused, the PUT never sent.
             {"url": sneaky_url, "method": "PUT", "headers": {"X-Label": "cat"}, "body": "sneaky"},
+            {"url": post["url"], "method": "POST", "form": post["fields"], "file": "a form's file"},
         ]},
         {"origin": other, "calls": [
             {"url": shown_url, "method": "GET"},
@@ -99,19 +105,21 @@ if run.returncode != 0:
     sys.exit(f"the browser run failed:\n{run.stdout}\n{run.stderr}")
 pages = json.loads(run.stdout.strip().splitlines()[-1])
 print(json.dumps(pages, indent=1))
-(put, get, sneaky), (shown, other_put) = pages
+(put, get, sneaky, form), (shown, other_put) = pages
 
 md5 = hashlib.md5(body.encode()).hexdigest()
 assert put.get("status") == 200, put
 assert put["etag"] == f'"{md5}"', put  # exposed to the page by the rule
 assert get.get("status") == 200 and get["text"] == body, get
 assert "blocked" in sneaky, sneaky
+assert form.get("status") == 201 and "<Key>forms/from-form.txt</Key>" in form["text"], form
 assert "blocked" in shown, shown
 assert "blocked" in other_put, other_put
 
 # What the server holds: the page's upload, nothing from the refused preflights.
 obj = s3.get_object(Bucket="web", Key="up/from-page.txt")
 assert obj["Body"].read() == body.encode() and obj["ContentType"] == "text/plain", obj
+assert s3.get_object(Bucket="web", Key="forms/from-form.txt")["Body"].read() == b"a form's file"
 assert code(lambda: s3.head_object(Bucket="web", Key="up/sneaky.txt")) == "404"
 assert code(lambda: s3.head_object(Bucket="web", Key="up/other.txt")) == "404"
 
