@@ -47,6 +47,13 @@ pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
 /// Connections at once from certificates that no portal on this hub names (clusters about to
 /// propose one, or strangers: they may only propose). More are closed after the handshake.
 pub const STRANGER_CONNECTIONS_MAX: usize = 64;
+/// Proposals pending on a hub from one cluster certificate, and from all: any client
+/// certificate may propose, and each proposal is a record the hub's admin sees.
+pub const PENDING_PER_CERTIFICATE_MAX: usize = 16;
+pub const PENDING_MAX: usize = 1024;
+/// Longest hub or spoke path in a proposal, and longest cluster name or region.
+const PROPOSAL_PATH_BYTES_MAX: usize = 4096;
+const PROPOSAL_NAME_BYTES_MAX: usize = 255;
 /// A hub closes a connection whose peer sent nothing for this many leases. Spokes renew
 /// every third of a lease, so only a peer that is gone (a half-open connection after a cut)
 /// or that holds a connection without using it reaches it.
@@ -527,12 +534,34 @@ impl Fabric {
         if !valid_id(&id) {
             return err_response(ErrorCode::BadRequest, "portal ids are 1-64 letters, digits and '-'");
         }
+        if hub_path.len() > PROPOSAL_PATH_BYTES_MAX || spoke_path.len() > PROPOSAL_PATH_BYTES_MAX {
+            return err_response(ErrorCode::BadRequest, format!("portal paths are at most {PROPOSAL_PATH_BYTES_MAX} bytes"));
+        }
+        if spoke_name.len() > PROPOSAL_NAME_BYTES_MAX || spoke_region.len() > PROPOSAL_NAME_BYTES_MAX {
+            return err_response(ErrorCode::BadRequest, format!("cluster names and regions are at most {PROPOSAL_NAME_BYTES_MAX} bytes"));
+        }
+        // Counted and stored under the records' lock, so that proposals sent at once do not
+        // pass the limits together.
+        let _g = self.records_lock.lock();
         if let Some(r) = self.record(&id) {
             return if r.peer_fingerprint == fp && r.side == Side::Hub {
                 Response::Proposed { state: format!("{:?}", r.state).to_lowercase() }
             } else {
                 err_response(ErrorCode::BadRequest, format!("portal id {id} is taken"))
             };
+        }
+        let pending: Vec<PortalRecord> = match self.records() {
+            Ok(rs) => rs.into_iter().filter(|r| r.side == Side::Hub && r.state == PortalState::Pending).collect(),
+            Err(e) => return err_response(ErrorCode::Internal, e.to_string()),
+        };
+        if pending.iter().filter(|r| r.peer_fingerprint == fp).count() >= PENDING_PER_CERTIFICATE_MAX {
+            return err_response(
+                ErrorCode::BadRequest,
+                format!("this cluster has {PENDING_PER_CERTIFICATE_MAX} proposals pending on the hub already; its admin authorizes or deletes them first"),
+            );
+        }
+        if pending.len() >= PENDING_MAX {
+            return err_response(ErrorCode::BadRequest, format!("the hub has {PENDING_MAX} proposals pending already"));
         }
         let target = format!("{hub_path} for {spoke_name} ({spoke_region})");
         if let Err(m) = hub::check_residency_path(&self.engine, &hub_path, &spoke_region) {

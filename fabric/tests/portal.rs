@@ -643,3 +643,63 @@ async fn many_writers_at_once_through_a_distant_portal() {
     hub.fabric.shutdown();
     spoke.fabric.shutdown();
 }
+
+/// Sends `req` as request `id` on a raw fabric connection and reads its answer.
+async fn call_raw(s: &mut TlsStream, id: u64, req: fabric::proto::Request) -> fabric::proto::Response {
+    use fabric::proto::{Frame, decode, encode};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(&encode(&Frame::Request { id, body: req })).await.unwrap();
+    s.flush().await.unwrap();
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await.unwrap();
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body).await.unwrap();
+    match decode(&body) {
+        Ok(Frame::Response { id: got, body }) if got == id => body,
+        other => panic!("not the answer to {id}: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_cannot_fill_the_hub_with_proposals() {
+    use fabric::proto::{PortalMode, Request, Response};
+    let hub = node("eu").await;
+    put(&hub.engine, "/open/y", b"y".to_vec()).await.unwrap();
+    let addr = hub.fabric.local_addr().unwrap();
+    let stranger = fabric::tls::Identity::generate("stranger").unwrap();
+    let mut s = tls_to(addr, &stranger).await;
+    let propose = |id: String, spoke_path: String, spoke_name: String| Request::Propose {
+        portal: id,
+        hub_path: "/open".into(),
+        spoke_path,
+        mode: PortalMode::ReadOnly,
+        spoke_region: "eu".into(),
+        spoke_name,
+    };
+    // Oversized fields are refused and stored nowhere.
+    for (path, name) in [("/x".repeat(3000), "n".to_string()), ("/x".into(), "n".repeat(256))] {
+        match call_raw(&mut s, 1, propose("p-big".into(), path, name)).await {
+            Response::Error { message, .. } => assert!(message.contains("at most"), "{message}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(hub.fabric.records().unwrap().is_empty());
+    // Up to the limit, then refused; asking again about one already pending still answers.
+    for i in 0..fabric::PENDING_PER_CERTIFICATE_MAX {
+        let r = call_raw(&mut s, 10 + i as u64, propose(format!("p-{i}"), format!("/mnt/{i}"), "stranger".into())).await;
+        assert!(matches!(r, Response::Proposed { .. }), "{r:?}");
+    }
+    match call_raw(&mut s, 100, propose("p-more".into(), "/mnt/more".into(), "stranger".into())).await {
+        Response::Error { message, .. } => assert!(message.contains("pending"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(call_raw(&mut s, 101, propose("p-0".into(), "/mnt/0".into(), "stranger".into())).await, Response::Proposed { .. }));
+    assert_eq!(hub.fabric.records().unwrap().len(), fabric::PENDING_PER_CERTIFICATE_MAX);
+    // Another cluster still proposes; once the admin deletes one of the stranger's, it may again.
+    let other = fabric::tls::Identity::generate("other").unwrap();
+    let mut o = tls_to(addr, &other).await;
+    assert!(matches!(call_raw(&mut o, 1, propose("q-0".into(), "/mnt/q".into(), "other".into())).await, Response::Proposed { .. }));
+    hub.fabric.delete(&admin(), "p-3").await.unwrap();
+    assert!(matches!(call_raw(&mut s, 102, propose("p-more".into(), "/mnt/more".into(), "stranger".into())).await, Response::Proposed { .. }));
+    hub.fabric.shutdown();
+}
