@@ -47,6 +47,8 @@ pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
 /// Connections at once from certificates that no portal on this hub names (clusters about to
 /// propose one, or strangers: they may only propose). More are closed after the handshake.
 pub const STRANGER_CONNECTIONS_MAX: usize = 64;
+/// Refusals of other clusters' requests logged one by one a minute (`Fabric::audit_refusal`).
+pub const REFUSALS_LOGGED_PER_MINUTE: u32 = 60;
 /// Proposals pending on a hub from one cluster certificate, and from all: any client
 /// certificate may propose, and each proposal is a record the hub's admin sees.
 pub const PENDING_PER_CERTIFICATE_MAX: usize = 16;
@@ -217,6 +219,8 @@ pub struct Fabric {
     manifests: Arc<Mutex<ManifestCache>>,
     records_lock: Mutex<()>,
     stop: tokio::sync::watch::Sender<bool>,
+    /// Refusals logged: (the minute, how many in it, how many not logged since the last).
+    refusals: Mutex<(i64, u32, u64)>,
 }
 
 fn now_ns() -> i64 {
@@ -247,6 +251,7 @@ impl Fabric {
             manifests: Arc::new(Mutex::new(ManifestCache::default())),
             records_lock: Mutex::new(()),
             stop: tokio::sync::watch::channel(false).0,
+            refusals: Mutex::new((0, 0, 0)),
         });
         engine.set_remote_source(Arc::new(FabricSource(Arc::downgrade(&fabric))));
         let listener = match cfg.listen {
@@ -375,6 +380,30 @@ impl Fabric {
         }
     }
 
+    /// Logs a request from another cluster that the hub refused. Any client certificate can
+    /// send them, as fast as it likes: at most [`REFUSALS_LOGGED_PER_MINUTE`] a minute are
+    /// logged one by one, and the next one logged says how many were not.
+    fn audit_refusal(&self, target: &str, why: &str) {
+        let now_min = now_ns() / 60_000_000_000;
+        let unlogged = {
+            let mut r = self.refusals.lock();
+            if r.0 != now_min {
+                r.0 = now_min;
+                r.1 = 0;
+            }
+            if r.1 >= REFUSALS_LOGGED_PER_MINUTE {
+                r.2 += 1;
+                return;
+            }
+            r.1 += 1;
+            std::mem::take(&mut r.2)
+        };
+        if unlogged > 0 {
+            self.audit("fabric", "portal.refused", "(several)", &format!("{unlogged} more refusals in the minutes before, not logged one by one"));
+        }
+        self.audit("fabric", "portal.refused", target, why);
+    }
+
     /// A portal record with live figures, for the API.
     pub fn describe(&self, r: &PortalRecord) -> serde_json::Value {
         let mut v = serde_json::to_value(r).expect("json");
@@ -480,14 +509,14 @@ impl Fabric {
                 let r = match self.record(&portal) {
                     Some(r) if r.side == Side::Hub && r.peer_fingerprint == fp && r.state == PortalState::Active => r,
                     Some(r) if r.side == Side::Hub && r.peer_fingerprint != fp => {
-                        self.audit("fabric", "portal.refused", &portal, "connection with a certificate other than the authorized one");
+                        self.audit_refusal(&portal, "connection with a certificate other than the authorized one");
                         return err_response(ErrorCode::NotAuthorized, "this certificate is not the one authorized for the portal");
                     }
                     Some(r) if r.side == Side::Hub => {
                         return err_response(ErrorCode::NotAuthorized, format!("portal {portal} is {:?} on the hub", r.state).to_lowercase());
                     }
                     _ => {
-                        self.audit("fabric", "portal.refused", &portal, "hello for an unknown portal");
+                        self.audit_refusal(&portal, "hello for an unknown portal");
                         return err_response(ErrorCode::NotAuthorized, format!("no portal {portal} on this hub"));
                     }
                 };
@@ -566,7 +595,7 @@ impl Fabric {
         let target = format!("{hub_path} for {spoke_name} ({spoke_region})");
         if let Err(m) = hub::check_residency_path(&self.engine, &hub_path, &spoke_region) {
             let code = if m.contains("labelled") { ErrorCode::Residency } else { ErrorCode::NotFound };
-            self.audit("fabric", "portal.refused", &target, &m);
+            self.audit_refusal(&target, &m);
             return err_response(code, m);
         }
         let r = PortalRecord {

@@ -661,7 +661,7 @@ async fn call_raw(s: &mut TlsStream, id: u64, req: fabric::proto::Request) -> fa
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stranger_cannot_fill_the_hub_with_proposals() {
+async fn a_stranger_cannot_fill_the_hub_with_proposals_or_refusals() {
     use fabric::proto::{PortalMode, Request, Response};
     let hub = node("eu").await;
     put(&hub.engine, "/open/y", b"y".to_vec()).await.unwrap();
@@ -701,5 +701,17 @@ async fn a_stranger_cannot_fill_the_hub_with_proposals() {
     assert!(matches!(call_raw(&mut o, 1, propose("q-0".into(), "/mnt/q".into(), "other".into())).await, Response::Proposed { .. }));
     hub.fabric.delete(&admin(), "p-3").await.unwrap();
     assert!(matches!(call_raw(&mut s, 102, propose("p-more".into(), "/mnt/more".into(), "stranger".into())).await, Response::Proposed { .. }));
+
+    // Refusals go to the audit log, but not one for each of a flood of them.
+    let refused = || hub.engine.audit_list(&admin(), 0, 100_000).unwrap().iter().filter(|r| r.action == "portal.refused").count();
+    let before = refused();
+    for i in 0..300u64 {
+        let r = call_raw(&mut s, 1000 + i, Request::Hello { version: fabric::proto::PROTOCOL_VERSION, portal: format!("nope-{i}") }).await;
+        assert!(matches!(r, Response::Error { .. }), "{r:?}");
+    }
+    let logged = refused() - before;
+    let per_minute = fabric::REFUSALS_LOGGED_PER_MINUTE as usize;
+    // At most two minutes' worth (the flood may cross a minute) and the line counting the rest.
+    assert!((per_minute.min(300)..=2 * per_minute + 1).contains(&logged), "{logged} refusals logged");
     hub.fabric.shutdown();
 }
