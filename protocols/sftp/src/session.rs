@@ -12,7 +12,7 @@ use storage_engine::{Attr, Caller, Engine, Error, FileKind, Ino, ReadBytes, SetA
 use tracing::info;
 
 use crate::serve::data_reply;
-use crate::wire::{CLIENT_PACKET_BYTES_MAX, components, copy_data_args, ids_args, join, names_reply, ssh_strings};
+use crate::wire::{CLIENT_PACKET_BYTES_MAX, copy_data_args, ids_args, names_reply, ssh_strings, steps};
 
 /// Open file and directory handles per SFTP session.
 const HANDLES_MAX: usize = 256;
@@ -374,12 +374,22 @@ fn setattr_of(a: &FileAttributes) -> SetAttr {
 
 /// Resolves a path from the session's root directory `root` (the namespace root, or the
 /// user's chroot), following symlinks in every component but the last (and in the last too
-/// when `follow_last`). Targets resolve inside the root like any path: `..` stops at the
-/// root and an absolute target starts from it, so no path leads out.
+/// when `follow_last`). `..` is the parent of the directory reached so far, symlinks
+/// followed, as on POSIX systems and OpenSSH's server. Targets resolve inside the root like
+/// any path: `..` stops at the root and an absolute target starts from it, so no path leads
+/// out.
 fn walk(engine: &Engine, caller: &Caller, root: Ino, path: &str, follow_last: bool) -> Result<Attr, Error> {
-    let mut pending: Vec<String> = components(path);
+    walk_names(engine, caller, root, path, follow_last, false).map(|(a, _)| a.expect("found: a missing last name is an error here"))
+}
+
+/// [`walk`], also giving the names of the path reached from the root, symlinks resolved (what
+/// `realpath` answers). With `missing_last_ok`, a last component that does not exist ends the
+/// walk with no entry and its name last, as OpenSSH's realpath allows.
+fn walk_names(engine: &Engine, caller: &Caller, root: Ino, path: &str, follow_last: bool, missing_last_ok: bool) -> Result<(Option<Attr>, Vec<String>), Error> {
+    let mut pending: Vec<String> = steps(path).map(str::to_string).collect();
     pending.reverse();
-    let mut stack: Vec<Attr> = vec![engine.getattr(caller, root)?];
+    let mut stack: Vec<(Attr, String)> = vec![(engine.getattr(caller, root)?, String::new())];
+    let names = |stack: &[(Attr, String)]| stack[1..].iter().map(|(_, n)| n.clone()).collect::<Vec<_>>();
     let mut hops = 0;
     while let Some(name) = pending.pop() {
         if name == ".." {
@@ -388,12 +398,20 @@ fn walk(engine: &Engine, caller: &Caller, root: Ino, path: &str, follow_last: bo
             }
             continue;
         }
-        let dir = stack.last().expect("the root is always on the stack");
+        let dir = &stack.last().expect("the root is always on the stack").0;
         if dir.kind != FileKind::Dir {
             return Err(Error::NotDir);
         }
-        let a = engine.lookup(caller, dir.ino, name.as_bytes())?;
         let last = pending.is_empty();
+        let a = match engine.lookup(caller, dir.ino, name.as_bytes()) {
+            Ok(a) => a,
+            Err(Error::NotFound) if last && missing_last_ok => {
+                let mut n = names(&stack);
+                n.push(name);
+                return Ok((None, n));
+            }
+            Err(e) => return Err(e),
+        };
         if a.kind == FileKind::Symlink && (!last || follow_last) {
             hops += 1;
             if hops > SYMLINK_HOPS_MAX {
@@ -404,16 +422,15 @@ fn walk(engine: &Engine, caller: &Caller, root: Ino, path: &str, follow_last: bo
                 stack.truncate(1);
             }
             // `..` in a target is kept for the walk above, which stops at the root.
-            for c in target.split('/').rev() {
-                if !c.is_empty() && c != "." {
-                    pending.push(c.to_string());
-                }
+            for c in steps(&target).collect::<Vec<_>>().into_iter().rev() {
+                pending.push(c.to_string());
             }
             continue;
         }
-        stack.push(a);
+        stack.push((a, name));
     }
-    Ok(stack.pop().expect("the root is always on the stack"))
+    let n = names(&stack);
+    Ok((Some(stack.pop().expect("the root is always on the stack").0), n))
 }
 
 impl SftpSession {
@@ -569,13 +586,16 @@ impl SftpSession {
 
 /// Splits a path into its parent (resolved, following symlinks) and last name.
 fn parent_and_name(engine: &Engine, caller: &Caller, root: Ino, path: &str) -> Result<(Attr, String), Error> {
-    let mut comps = components(path);
+    let mut comps: Vec<&str> = steps(path).collect();
     let name = comps.pop().ok_or_else(|| Error::InvalidArgument("the root has no parent".into()))?;
-    let parent = walk(engine, caller, root, &join(&comps), true)?;
+    if name == ".." {
+        return Err(Error::InvalidArgument("a path ending in '..' names no entry to make or change".into()));
+    }
+    let parent = walk(engine, caller, root, &comps.join("/"), true)?;
     if parent.kind != FileKind::Dir {
         return Err(Error::NotDir);
     }
-    Ok((parent, name))
+    Ok((parent, name.to_string()))
 }
 
 impl russh_sftp::server::Handler for SftpSession {
@@ -764,8 +784,10 @@ impl russh_sftp::server::Handler for SftpSession {
     }
 
     async fn realpath(&mut self, id: u32, path: String) -> Result<Name, Self::Error> {
-        let p = join(&components(&path));
-        Ok(Name { id, files: vec![File::dummy(p)] })
+        // As OpenSSH's server: symlinks resolved, `..` after them, a last name that does
+        // not exist kept (a client asks before it creates), anything else missing an error.
+        let (_, names) = self.run(move |e, c, root| walk_names(e, c, root, &path, true, true)).await?;
+        Ok(Name { id, files: vec![File::dummy(format!("/{}", names.join("/")))] })
     }
 
     /// SFTP v3 RENAME does not replace an existing target (draft-ietf-secsh-filexfer-02 §6.5).

@@ -142,24 +142,10 @@ pub(crate) fn copy_data_args(data: &[u8]) -> Result<(String, u64, u64, String, u
     Ok((from, read_at, len, to, write_at))
 }
 
-/// Lexically normalised absolute path components; `..` at the root stays at the root.
-pub(crate) fn components(path: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for c in path.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => {
-                out.pop();
-            }
-            c => out.push(c.to_string()),
-        }
-    }
-    out
-}
-
-/// The absolute path of normalised components.
-pub(crate) fn join(comps: &[String]) -> String {
-    format!("/{}", comps.join("/"))
+/// A path's components as a walk takes them (`session::walk`): empty ones and `.` left out,
+/// `..` kept, to be taken after the symlinks before it are followed.
+pub(crate) fn steps(path: &str) -> impl Iterator<Item = &str> {
+    path.split('/').filter(|c| !c.is_empty() && *c != ".")
 }
 
 #[cfg(test)]

@@ -587,6 +587,69 @@ async fn chroot_confines_paths_symlinks_and_writes() {
     server.stop().await;
 }
 
+const DOTDOT_SCRIPT: &str = r#"
+import sys, paramiko
+port, password = int(sys.argv[1]), sys.argv[2]
+t = paramiko.Transport(("127.0.0.1", port))
+t.connect(username="alice", password=password)
+s = paramiko.SFTPClient.from_transport(t)
+# realpath resolves symlinks; `..` is the parent of where a symlink leads.
+assert s.normalize("/home/link") == "/home/data/real", s.normalize("/home/link")
+assert s.normalize("/home/link/..") == "/home/data", s.normalize("/home/link/..")
+assert s.normalize("/home/link/../real/./f.txt") == "/home/data/real/f.txt"
+assert s.normalize("/home/link/new-name") == "/home/data/real/new-name"  # a last name to be made
+for missing in ["/home/nope/x", "/home/link/nope/x"]:
+    try:
+        s.normalize(missing)
+        raise SystemExit("realpath of %s" % missing)
+    except FileNotFoundError:
+        pass
+assert sorted(s.listdir("/home/link/..")) == ["real"], s.listdir("/home/link/..")
+assert s.open("/home/link/../real/f.txt").read() == b"through the link"
+s.mkdir("/home/link/../made")
+with s.open("/home/link/../made/g.txt", "wb") as f:
+    f.write(b"made")
+try:
+    s.mkdir("/home/link/..")
+    raise SystemExit("made a directory named '..'")
+except OSError:
+    pass
+s.close(); t.close()
+print("dotdot ok")
+"#;
+
+/// `..` after a symlink leads to the parent of where the symlink points, and realpath
+/// resolves symlinks, as on OpenSSH's server (POSIX paths): a client that `cd`s into a
+/// symlinked directory and back up lands where a shell on the server would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dotdot_after_a_symlink_is_the_targets_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let sys = Caller::system();
+    let alice = e.authenticate_password("alice", PASSWORD).unwrap();
+    let home = e.resolve(&sys, "/home").unwrap();
+    let data = e.mkdir(&alice, home.ino, b"data", 0o755).unwrap();
+    let real = e.mkdir(&alice, data.ino, b"real", 0o755).unwrap();
+    let f = e.create(&alice, real.ino, b"f.txt", 0o644, true).unwrap();
+    e.write(&alice, f.ino, 0, b"through the link", storage_engine::Stability::Durable).unwrap();
+    e.symlink(&alice, home.ino, b"link", b"data/real").unwrap();
+
+    let server = Server::start(e.clone(), &dir.path().join("key")).await;
+    let work = tempfile::tempdir().unwrap();
+    let out = run_paramiko(work.path(), "dotdot.py", DOTDOT_SCRIPT, server.addr).await;
+    assert!(out.status.success(), "paramiko: {}", show(&out));
+    assert_eq!(read_all(&e, "/home/data/made/g.txt"), b"made");
+    assert!(e.resolve(&sys, "/home/made").is_err(), "`..` taken before the symlink");
+
+    // OpenSSH's client: `cd` into the symlink shows where it leads; `cd ..` goes to its parent.
+    let out = sftp_batch(server.addr, "alice", PASSWORD, "cd /home/link\npwd\ncd ..\npwd\nls -1\n", work.path()).await;
+    assert!(out.status.success(), "sftp batch: {}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("Remote working directory: /home/data/real\n") && stdout.contains("Remote working directory: /home/data\n"), "{stdout}");
+    assert!(stdout.contains("made") && stdout.contains("real"), "{stdout}");
+    server.stop().await;
+}
+
 /// rclone's SFTP backend first runs `echo` through an SSH exec request to detect the remote
 /// shell; the service refuses exec (and shell) at once, so rclone goes on with plain SFTP.
 /// OpenSSH's `ssh` asking for a command or a shell is refused promptly, not left waiting.
