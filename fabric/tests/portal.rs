@@ -144,6 +144,13 @@ async fn wait_for<F: Fn() -> bool>(what: &str, f: F) {
     }
 }
 
+/// The WAN emulator in front of `hub`'s fabric listener, `delay_ms` each way.
+async fn wan_to(hub: &Node, delay_ms: u64) -> WanEmulator {
+    WanEmulator::start(WanConfig { delay: Duration::from_millis(delay_ms), ..WanConfig::new("127.0.0.1:0".parse().unwrap(), hub.fabric.local_addr().unwrap()) })
+        .await
+        .unwrap()
+}
+
 async fn portal(hub: &Node, spoke: &Node, via: SocketAddr, hub_path: &str, spoke_path: &str, mode: &str) -> String {
     let r = spoke
         .fabric
@@ -169,9 +176,7 @@ async fn portal(hub: &Node, spoke: &Node, via: SocketAddr, hub_path: &str, spoke
 async fn read_only_portal_life_cycle_coherence_and_cuts() {
     let hub = node("eu").await;
     let spoke = node("eu").await;
-    let wan = WanEmulator::start(WanConfig { delay: Duration::from_millis(10), ..WanConfig::new("127.0.0.1:0".parse().unwrap(), hub.fabric.local_addr().unwrap()) })
-        .await
-        .unwrap();
+    let wan = wan_to(&hub, 10).await;
     let big = random(5 << 20, 1);
     let small = random(10_000, 2);
     put(&hub.engine, "/data/big.bin", big.clone()).await.unwrap();
@@ -286,9 +291,7 @@ async fn read_write_portal_forwards_writes_to_the_hub() {
     let hub = node("us").await;
     let spoke = node("us").await;
     put(&hub.engine, "/proj/readme", b"hub file".to_vec()).await.unwrap();
-    let wan = WanEmulator::start(WanConfig { delay: Duration::from_millis(5), ..WanConfig::new("127.0.0.1:0".parse().unwrap(), hub.fabric.local_addr().unwrap()) })
-        .await
-        .unwrap();
+    let wan = wan_to(&hub, 5).await;
     let id = portal(&hub, &spoke, wan.local_addr(), "/proj", "/proj", "rw").await;
     let ckpt = random(3 << 20, 9);
     put(&spoke.engine, "/proj/ckpt/step1.bin", ckpt.clone()).await.unwrap();
@@ -527,19 +530,10 @@ async fn the_hub_bounds_its_connections_and_closes_idle_ones() {
         known_conns.push(tls_to(addr, &known).await);
     }
     // One of them says Hello for the portal, as a spoke reconnecting would, and then nothing.
-    {
-        use fabric::proto::{Frame, PROTOCOL_VERSION, Request, Response, decode, encode};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let s = &mut known_conns[0];
-        s.write_all(&encode(&Frame::Request { id: 1, body: Request::Hello { version: PROTOCOL_VERSION, portal: id.clone() } })).await.unwrap();
-        s.flush().await.unwrap();
-        let mut len = [0u8; 4];
-        s.read_exact(&mut len).await.unwrap();
-        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
-        s.read_exact(&mut body).await.unwrap();
-        assert!(matches!(decode(&body), Ok(Frame::Response { id: 1, body: Response::Welcome { .. } })), "{:?}", decode(&body));
-        assert_eq!(hub_connections(), 2);
-    }
+    let hello = fabric::proto::Request::Hello { version: fabric::proto::PROTOCOL_VERSION, portal: id.clone() };
+    let r = call_raw(&mut known_conns[0], 1, hello).await;
+    assert!(matches!(r, fabric::proto::Response::Welcome { .. }), "{r:?}");
+    assert_eq!(hub_connections(), 2);
     let waiting = tokio::spawn({
         let known = fabric::tls::Identity::load_or_create(&spoke.dir.path().join("fabric"), "test-eu").unwrap();
         async move { tls_to(addr, &known).await }
@@ -588,9 +582,7 @@ async fn many_readers_at_once_through_a_distant_portal() {
     for (i, f) in files.iter().enumerate() {
         put(&hub.engine, &format!("/shards/s{i:03}"), f.clone()).await.unwrap();
     }
-    let wan = WanEmulator::start(WanConfig { delay: Duration::from_millis(30), ..WanConfig::new("127.0.0.1:0".parse().unwrap(), hub.fabric.local_addr().unwrap()) })
-        .await
-        .unwrap();
+    let wan = wan_to(&hub, 30).await;
     portal(&hub, &spoke, wan.local_addr(), "/shards", "/mnt/shards", "ro").await;
     assert_eq!(list(&spoke.engine, "/mnt/shards").await.unwrap().len(), FILES);
     let reads: Vec<_> = (0..FILES)
@@ -617,9 +609,7 @@ async fn many_writers_at_once_through_a_distant_portal() {
     let hub = node("eu").await;
     let spoke = node("eu").await;
     put(&hub.engine, "/out/keep", b"k".to_vec()).await.unwrap();
-    let wan = WanEmulator::start(WanConfig { delay: Duration::from_millis(30), ..WanConfig::new("127.0.0.1:0".parse().unwrap(), hub.fabric.local_addr().unwrap()) })
-        .await
-        .unwrap();
+    let wan = wan_to(&hub, 30).await;
     portal(&hub, &spoke, wan.local_addr(), "/out", "/mnt/out", "rw").await;
     assert_eq!(list(&spoke.engine, "/mnt/out").await.unwrap().len(), 1);
     let files: Vec<Vec<u8>> = (0..FILES).map(|i| random((1 << 20) + i * 100, 500 + i as u64)).collect();

@@ -18,7 +18,6 @@
 //! directory's extended attribute [`crate::meta::XATTR_CORS`].
 
 use s3s::dto::{CORSConfiguration, CORSRule};
-use s3s::xml::{DeserializeContent, Deserializer, Serializer};
 use s3s::{S3Error, S3ErrorCode, S3Result};
 
 /// Rules in one configuration, as S3.
@@ -62,16 +61,11 @@ pub fn check(cfg: &CORSConfiguration) -> S3Result<()> {
 }
 
 pub fn encode(cfg: &CORSConfiguration) -> Vec<u8> {
-    let mut buf = Vec::new();
-    Serializer::new(&mut buf).content("CORSConfiguration", cfg).expect("XML into memory cannot fail");
-    buf
+    crate::meta::xml_encode("CORSConfiguration", cfg)
 }
 
 pub fn decode(b: &[u8]) -> Option<CORSConfiguration> {
-    let mut d = Deserializer::new(b);
-    let cfg = d.named_element("CORSConfiguration", CORSConfiguration::deserialize_content).ok()?;
-    d.expect_eof().ok()?;
-    Some(cfg)
+    crate::meta::xml_decode("CORSConfiguration", b)
 }
 
 /// Whether `s` matches `pattern`, in which one `*` stands for any run of characters.

@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use s3s::dto::*;
-use s3s::xml::{DeserializeContent, Deserializer, Serializer};
 use s3s::{S3Error, S3ErrorCode, S3Result};
 use storage_engine::{Caller, Engine, FileKind, ROOT_INO};
 
@@ -179,16 +178,11 @@ fn check_filter(f: &LifecycleRuleFilter) -> S3Result<()> {
 
 /// The stored form: the configuration as S3 XML.
 pub fn encode(cfg: &BucketLifecycleConfiguration) -> Vec<u8> {
-    let mut buf = Vec::new();
-    Serializer::new(&mut buf).content("LifecycleConfiguration", cfg).expect("XML into memory cannot fail");
-    buf
+    crate::meta::xml_encode("LifecycleConfiguration", cfg)
 }
 
 pub fn decode(b: &[u8]) -> Option<BucketLifecycleConfiguration> {
-    let mut d = Deserializer::new(b);
-    let cfg = d.named_element("LifecycleConfiguration", BucketLifecycleConfiguration::deserialize_content).ok()?;
-    d.expect_eof().ok()?;
-    Some(cfg)
+    crate::meta::xml_decode("LifecycleConfiguration", b)
 }
 
 /// What one enabled rule selects and does, in the form the background task needs.

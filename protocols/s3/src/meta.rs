@@ -221,3 +221,18 @@ mod tests {
         assert_eq!(decode_tags(&encode_tags(&unsorted)), vec![unsorted[1].clone(), unsorted[0].clone()]);
     }
 }
+
+/// A bucket setting's stored form: the configuration as the S3 XML document `root`.
+pub(crate) fn xml_encode<T: s3s::xml::SerializeContent>(root: &str, v: &T) -> Vec<u8> {
+    let mut buf = Vec::new();
+    s3s::xml::Serializer::new(&mut buf).content(root, v).expect("XML into memory cannot fail");
+    buf
+}
+
+/// Reads back what [`xml_encode`] stored; `None` for anything else.
+pub(crate) fn xml_decode<'a, T: s3s::xml::DeserializeContent<'a>>(root: &str, b: &'a [u8]) -> Option<T> {
+    let mut d = s3s::xml::Deserializer::new(b);
+    let v = d.named_element(root, T::deserialize_content).ok()?;
+    d.expect_eof().ok()?;
+    Some(v)
+}
